@@ -42,8 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="measure DFlash vs target-only decoding on tiny models")
-    d.add_argument("--workdir", default=Path.home() / ".cache" / "vllm-dflash" / "demo",
-                   type=Path, help="where the tiny models are built (reused)")
+    d.add_argument(
+        "--workdir",
+        default=Path.home() / ".cache" / "vllm-dflash" / "demo",
+        type=Path,
+        help="where the tiny models are built (reused)",
+    )
     d.add_argument("--num-prompts", type=int, default=8)
     d.add_argument("--max-tokens", type=int, default=64)
     d.add_argument("--block-size", type=int, default=8)

@@ -86,8 +86,10 @@ class DFlashSection(BaseModel):
         if ids is None:
             return ids
         if not ids:
-            raise ValueError("must not be empty. Fix: list at least one target layer, or drop "
-                             "the field to use the default selection")
+            raise ValueError(
+                "must not be empty. Fix: list at least one target layer, or drop "
+                "the field to use the default selection"
+            )
         if len(set(ids)) != len(ids):
             raise ValueError("contains duplicates. Fix: list each target layer once")
         if any(i < 0 for i in ids):

@@ -80,20 +80,25 @@ def run_demo(
         spec.append(spec_generate(target, drafter, ids, max_new_tokens))
 
     def rate(results) -> float:
-        return sum(len(r.tokens) - 1 for r in results) / sum(r.total_s - r.prefill_s for r in results)
+        """Decode tokens per second, pooled over prompts (prefill excluded)."""
+        tokens = sum(len(r.tokens) - 1 for r in results)
+        return tokens / sum(r.total_s - r.prefill_s for r in results)
 
     steps = sum(r.num_steps for r in spec)
-    t_target = sum(r.total_s - r.prefill_s for r in base) / sum(len(r.tokens) - 1 for r in base)
     tau = statistics.fmean(m + 1 for r in spec for m in r.accepted)
+    target_rate = rate(base)
     return DemoReport(
         num_prompts=num_prompts,
         block_size=block_size,
         tokens=sum(len(r.tokens) for r in spec),
         acceptance_length=tau,
-        target_tokens_per_s=rate(base),
+        target_tokens_per_s=target_rate,
         dflash_tokens_per_s=rate(spec),
         predicted_speedup=speedup(
-            tau, t_target, sum(r.draft_s for r in spec) / steps, sum(r.verify_s for r in spec) / steps
+            tau,
+            t_target=1 / target_rate,
+            t_draft=sum(r.draft_s for r in spec) / steps,
+            t_verify=sum(r.verify_s for r in spec) / steps,
         ),
         lossless=all(a.tokens == b.tokens for a, b in zip(base, spec, strict=True)),
     )

@@ -83,6 +83,6 @@ class ReferenceDrafter:
         block[0, 0] = anchor_token
         positions = torch.arange(anchor_position, anchor_position + self.block_size)[None]
         hidden = self.model.forward_block(
-            self.target.embed(block), positions, list(zip(self.cache.keys, self.cache.values))
+            self.target.embed(block), positions, self.cache.per_layer()
         )
         return self.target.lm_head(hidden[0, 1:])

@@ -18,6 +18,8 @@ from vllm_dflash.reference.sampling import SamplingConfig, probs_from_logits, sa
 from vllm_dflash.reference.target import HFTarget
 from vllm_dflash.reference.verify import verify_greedy, verify_rejection
 
+GREEDY = SamplingConfig()
+
 
 @dataclass
 class GenerationResult:
@@ -41,6 +43,13 @@ class GenerationResult:
     def acceptance_length(self) -> float:
         """tau: tokens committed per verify step (accepted drafts + the target's token)."""
         return sum(m + 1 for m in self.accepted) / max(1, self.num_steps)
+
+    def per_position_acceptance(self) -> list[float]:
+        """Cumulative acceptance c_k: the fraction of steps whose slots 1..k were all accepted
+        (k = 1..longest draft), the convention of vLLM's per-position counters."""
+        g = max(self.drafted, default=0)
+        n = max(1, self.num_steps)
+        return [sum(m >= k for m in self.accepted) / n for k in range(1, g + 1)]
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -78,7 +87,7 @@ def target_generate(
     target: HFTarget,
     prompt_ids: Sequence[int],
     max_new_tokens: int,
-    sampling: SamplingConfig = SamplingConfig(),
+    sampling: SamplingConfig = GREEDY,
     stop_token_ids: Collection[int] = (),
     generator: torch.Generator | None = None,
 ) -> GenerationResult:
@@ -101,7 +110,7 @@ def spec_generate(
     drafter: BlockDrafter,
     prompt_ids: Sequence[int],
     max_new_tokens: int,
-    sampling: SamplingConfig = SamplingConfig(),
+    sampling: SamplingConfig = GREEDY,
     stop_token_ids: Collection[int] = (),
     generator: torch.Generator | None = None,
 ) -> GenerationResult:

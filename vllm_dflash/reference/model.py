@@ -43,8 +43,8 @@ def rope_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables [..., d] for integer positions (neox / rotate-half layout, as Qwen3)."""
     inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device)
-                  / head_dim)
+        theta
+        ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
     )
     freqs = positions.to(torch.float64)[..., None] * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
@@ -68,6 +68,9 @@ class DrafterKVCache:
     @property
     def length(self) -> int:
         return 0 if not self.keys else self.keys[0].shape[2]
+
+    def per_layer(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return list(zip(self.keys, self.values, strict=True))
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if layer == len(self.keys):
@@ -160,8 +163,9 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
-        return rope_cos_sin(positions, self.cfg.resolved_head_dim, self.cfg.resolved_rope_theta,
-                            dtype)
+        return rope_cos_sin(
+            positions, self.cfg.resolved_head_dim, self.cfg.resolved_rope_theta, dtype
+        )
 
     def fuse(self, target_features: torch.Tensor) -> torch.Tensor:
         """[b, t, F] concatenated target hidden states -> [b, t, h] context features."""

@@ -68,7 +68,10 @@ class HFTarget:
         self.cache = out.past_key_values
         feats = None
         if with_features:
-            feats = torch.cat([out.hidden_states[i + 1][0] for i in self.features_for], dim=-1)
+            hidden = out.hidden_states  # a zero-width first piece keeps [T, 0] when no layers
+            feats = torch.cat(
+                [hidden[0][0, :, :0], *(hidden[i + 1][0] for i in self.features_for)], dim=-1
+            )
         return out.logits[0], feats
 
     def crop(self, length: int) -> None:

@@ -23,7 +23,10 @@ EOS = "<|endoftext|>"
 UNK = "<|unk|>"
 MASK = "<|mask|>"
 # Most frequent characters of English text and code first, so tiny vocabularies stay useful.
-_CHARS = " etaoinsrhldcumfpgwybvkxjqz\n_().,:=ETAOINSRHLDCUMFPGWYBVKXJQZ0123456789'\"[]{}#+-*/<>!?;@%&|\\^`~$\t"
+_CHARS = (
+    " etaoinsrhldcumfpgwybvkxjqz\n_().,:=ETAOINSRHLDCUMFPGWYBVKXJQZ0123456789"
+    "'\"[]{}#+-*/<>!?;@%&|\\^`~$\t"
+)
 assert len(set(_CHARS)) == len(_CHARS)
 assert set(string.printable) - set(_CHARS) <= {"\r", "\x0b", "\x0c"}
 

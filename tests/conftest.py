@@ -1,0 +1,39 @@
+"""Shared tiny models, built once per test session under pytest's temp dir."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from vllm_dflash.reference.drafter import ReferenceDrafter
+from vllm_dflash.reference.target import HFTarget
+from vllm_dflash.testing.factory import make_drafter, make_target
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One worker per core: torch's own threads would oversubscribe the cores (5x slower).
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def target_dir(tmp_path_factory):
+    """Tiny Qwen3 target: vocab 128, 8 layers, hidden 64."""
+    return make_target(tmp_path_factory.mktemp("models") / "target")
+
+
+@pytest.fixture(scope="session")
+def drafter_dirs(target_dir, tmp_path_factory):
+    """z-lab-format drafters for the tiny target, one per block size."""
+    root = tmp_path_factory.mktemp("drafters")
+    return {b: make_drafter(root / f"b{b}", target_dir, block_size=b) for b in (4, 8, 16)}
+
+
+@pytest.fixture(scope="session")
+def target(target_dir):
+    return HFTarget.from_pretrained(target_dir)
+
+
+@pytest.fixture(scope="session")
+def drafters(target, drafter_dirs):
+    return {b: ReferenceDrafter.load(d, target) for b, d in drafter_dirs.items()}

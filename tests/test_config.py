@@ -1,0 +1,137 @@
+"""Drafter config validation: each malformed field fails with its name, value and a fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_dflash.config import (
+    DrafterConfig,
+    TargetConfig,
+    check_compatible,
+    default_target_layer_ids,
+)
+from vllm_dflash.errors import DFlashConfigError
+
+
+@pytest.fixture
+def good(drafter_dirs):
+    return json.loads((drafter_dirs[8] / "config.json").read_text())
+
+
+def _error(data) -> str:
+    with pytest.raises(DFlashConfigError) as e:
+        DrafterConfig.from_dict(data)
+    return str(e.value)
+
+
+def test_valid_config_round_trips(good):
+    cfg = DrafterConfig.from_dict(good)
+    assert cfg.block_size == 8 and cfg.num_speculative_tokens == 7
+    assert DrafterConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_default_layer_rule_matches_public_checkpoints():
+    # z-lab/Qwen3-8B-DFlash-b16: 36 target layers, 5 drafter layers.
+    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    # Qwen3-4B: 36 layers too; a 28-layer target gives the paper's spacing.
+    assert default_target_layer_ids(28, 5) == [1, 7, 13, 19, 25]
+    assert default_target_layer_ids(8, 1) == [4]
+
+
+def test_absent_layer_ids_use_the_rule(good):
+    del good["dflash_config"]["target_layer_ids"]
+    cfg = DrafterConfig.from_dict(good)
+    assert cfg.target_layer_ids == default_target_layer_ids(8, cfg.num_hidden_layers)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needles"),
+    [
+        (
+            lambda d: d.update(architectures=["Qwen3ForCausalLM"]),
+            ["architectures", "Qwen3ForCausalLM", "DFlashDraftModel"],
+        ),
+        (
+            lambda d: d["dflash_config"].pop("mask_token_id"),
+            ["dflash_config.mask_token_id", "<missing>", "Fix:"],
+        ),
+        (
+            lambda d: d["dflash_config"].update(mask_token_id=128),
+            ["mask_token_id=128", "vocab_size=128", "Fix:"],
+        ),
+        (
+            lambda d: d["dflash_config"].update(target_layer_ids=[1, 9]),
+            ["target_layer_ids=[1, 9]", "num_target_layers=8", "Fix:"],
+        ),
+        (
+            lambda d: d["dflash_config"].update(target_layer_ids=[3, 3]),
+            ["target_layer_ids", "duplicates", "Fix:"],
+        ),
+        (lambda d: d.update(block_size=1), ["block_size", "1", "Fix:"]),
+        (lambda d: d.update(block_size="sixteen"), ["block_size", "'sixteen'"]),
+        (lambda d: d.pop("num_target_layers"), ["num_target_layers", "<missing>", "Fix:"]),
+        (lambda d: d.update(num_key_value_heads=3), ["num_key_value_heads=3", "Fix:"]),
+        (lambda d: d.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}), ["yarn", "Fix:"]),
+        (lambda d: d.update(model_type="llama"), ["model_type", "'llama'", "qwen3"]),
+    ],
+)
+def test_bad_field_is_named_with_value_and_fix(good, mutate, needles):
+    mutate(good)
+    msg = _error(good)
+    for needle in needles:
+        assert needle in msg, f"{needle!r} not in: {msg}"
+
+
+def test_bad_json_file(tmp_path):
+    (tmp_path / "config.json").write_text('{"block_size": 8,')
+    with pytest.raises(DFlashConfigError, match=r"not valid JSON \(line 1"):
+        DrafterConfig.from_file(tmp_path / "config.json")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(DFlashConfigError, match="file not found"):
+        DrafterConfig.from_file(tmp_path / "config.json")
+
+
+def _target(**kw) -> TargetConfig:
+    base = dict(model_type="qwen3", hidden_size=64, vocab_size=128, num_hidden_layers=8)
+    return TargetConfig.from_dict(base | kw)
+
+
+def test_compatible_with_its_target(good):
+    check_compatible(DrafterConfig.from_dict(good), _target())
+
+
+@pytest.mark.parametrize(
+    ("target_kw", "needles"),
+    [
+        ({"hidden_size": 128}, ["'hidden_size' = 64", "hidden_size is 128"]),
+        ({"vocab_size": 256}, ["'vocab_size' = 128", "vocab_size is 256"]),
+        ({"vocab_size": 100}, ["mask_token_id' = 127", "vocab_size=100"]),
+        ({"num_hidden_layers": 4}, ["num_target_layers' = 8", "out of range", "[0, 2]"]),
+    ],
+)
+def test_incompatible_target_is_explained(good, target_kw, needles):
+    with pytest.raises(DFlashConfigError) as e:
+        check_compatible(DrafterConfig.from_dict(good), _target(**target_kw))
+    for needle in needles:
+        assert needle in str(e.value), f"{needle!r} not in: {e.value}"
+
+
+def test_last_target_layer_is_rejected(good):
+    # The last layer's raw output is never exposed (HF normalises it; vLLM cannot capture it).
+    good["dflash_config"]["target_layer_ids"] = [1, 7]
+    with pytest.raises(DFlashConfigError, match=r"\[7\] out of range"):
+        check_compatible(DrafterConfig.from_dict(good), _target())
+
+
+def test_multimodal_target_config_uses_text_config():
+    cfg = TargetConfig.from_dict(
+        {
+            "model_type": "qwen3_5",
+            "text_config": {"hidden_size": 64, "vocab_size": 128, "num_hidden_layers": 8},
+        }
+    )
+    assert cfg.hidden_size == 64 and cfg.num_hidden_layers == 8
