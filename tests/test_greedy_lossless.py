@@ -7,7 +7,10 @@ import random
 import pytest
 import torch
 
+from vllm_dflash.reference.drafter import ReferenceDrafter
 from vllm_dflash.reference.generate import spec_generate, target_generate
+from vllm_dflash.reference.target import HFTarget
+from vllm_dflash.testing.factory import make_drafter, make_target
 from vllm_dflash.testing.oracles import GreedyOracleDrafter
 
 MAX_NEW = 37  # not a multiple of any block size: the last step is cut mid-block
@@ -89,3 +92,16 @@ def test_oracle_exercises_full_acceptance(target, prompts):
     drafter = GreedyOracleDrafter(target.model, 8, accuracy=1.0)
     res = spec_generate(target, drafter, prompts[0], MAX_NEW)
     assert max(res.accepted) == 7 and res.acceptance_length > 6
+
+
+def test_llama_target(tmp_path, prompts):
+    """The reference engine takes any HF causal LM: a Llama target with a DFlash drafter."""
+    target_dir = make_target(tmp_path / "llama", architecture="llama", num_layers=6)
+    target = HFTarget.from_pretrained(target_dir)
+    assert type(target.model).__name__ == "LlamaForCausalLM"
+    drafter = ReferenceDrafter.load(make_drafter(tmp_path / "d", target_dir), target)
+    oracle = GreedyOracleDrafter(target.model, 8, accuracy=0.85)
+    for p in prompts[:8]:
+        want = target_generate(target, p, MAX_NEW).tokens
+        assert spec_generate(target, drafter, p, MAX_NEW).tokens == want
+        assert spec_generate(target, oracle, p, MAX_NEW).tokens == want

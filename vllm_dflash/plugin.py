@@ -12,7 +12,8 @@ import logging
 
 from vllm_dflash.versions import SUPPORTED_VLLM_VERSIONS
 
-logger = logging.getLogger("vllm_dflash")
+# A child of vLLM's "vllm" logger, so the line appears in vLLM's own log output.
+logger = logging.getLogger("vllm.plugins.vllm_dflash")
 
 
 def installed_vllm_version() -> str | None:

@@ -13,7 +13,13 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from vllm_dflash.checkpoint import save_drafter_checkpoint
 from vllm_dflash.config import DrafterConfig, default_target_layer_ids
@@ -49,6 +55,12 @@ def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     )
 
 
+_ARCHITECTURES = {
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "llama": (LlamaConfig, LlamaForCausalLM),
+}
+
+
 def make_target(
     out: str | Path,
     *,
@@ -57,15 +69,17 @@ def make_target(
     num_layers: int = 8,
     num_heads: int = 4,
     num_kv_heads: int = 2,
-    head_dim: int = 16,
+    head_dim: int = 32,  # vLLM's CPU attention supports head sizes >= 32
     intermediate_size: int = 128,
     init_std: float = 0.1,
     seed: int = 0,
+    architecture: str = "qwen3",
 ) -> Path:
-    """A random Qwen3ForCausalLM + tokenizer saved with ``save_pretrained``."""
+    """A random Qwen3 (or Llama) causal LM + tokenizer saved with ``save_pretrained``."""
     out = Path(out)
     tokenizer = build_tokenizer(vocab_size)
-    cfg = Qwen3Config(
+    config_cls, model_cls = _ARCHITECTURES[architecture]
+    cfg = config_cls(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -81,7 +95,7 @@ def make_target(
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg).eval()
+    model = model_cls(cfg).eval()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
