@@ -52,11 +52,12 @@ def test_embedding_and_lm_head_copies_are_ignored(ckpt):
 
 
 def test_wrong_shape(ckpt):
+    want = expected_shapes(load_drafter_checkpoint(ckpt).config)["layers.0.self_attn.q_proj.weight"]
     _rewrite(ckpt, lambda t: t.update({"layers.0.self_attn.q_proj.weight": torch.zeros(32, 64)}))
     with pytest.raises(DFlashCheckpointError) as e:
         load_drafter_checkpoint(ckpt)
     assert "'layers.0.self_attn.q_proj.weight' has shape (32, 64)" in str(e.value)
-    assert "(64, 64)" in str(e.value) and "Fix:" in str(e.value)
+    assert f"config.json implies {want}" in str(e.value) and "Fix:" in str(e.value)
 
 
 def test_missing_keys(ckpt):

@@ -74,7 +74,7 @@ def test_absent_layer_ids_use_the_rule(good):
         (lambda d: d.pop("num_target_layers"), ["num_target_layers", "<missing>", "Fix:"]),
         (lambda d: d.update(num_key_value_heads=3), ["num_key_value_heads=3", "Fix:"]),
         (lambda d: d.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}), ["yarn", "Fix:"]),
-        (lambda d: d.update(model_type="llama"), ["model_type", "'llama'", "qwen3"]),
+        (lambda d: d.update(model_type="gpt2"), ["model_type", "'gpt2'", "qwen3"]),
     ],
 )
 def test_bad_field_is_named_with_value_and_fix(good, mutate, needles):

@@ -16,7 +16,7 @@ from scipy.stats import chi2
 
 from vllm_dflash.reference import verify
 from vllm_dflash.reference.drafter import ReferenceDrafter
-from vllm_dflash.reference.generate import spec_generate, target_generate
+from vllm_dflash.reference.generate import GenerationResult, spec_generate, target_generate
 from vllm_dflash.reference.sampling import SamplingConfig
 from vllm_dflash.reference.target import HFTarget
 from vllm_dflash.testing.factory import make_drafter, make_target
@@ -53,9 +53,9 @@ def small(tmp_path_factory):
     return target, drafters
 
 
-def chi_square_p(samples: list[tuple[int, ...]], joint: torch.Tensor) -> float:
-    expected = (joint.flatten() * len(samples)).double()
-    flat = torch.tensor([(a * VOCAB + b) * VOCAB + c for a, b, c in samples])
+def chi_square_p(results: list[GenerationResult], joint: torch.Tensor) -> float:
+    expected = (joint.flatten() * len(results)).double()
+    flat = torch.tensor([(a * VOCAB + b) * VOCAB + c for a, b, c in (r.tokens for r in results)])
     observed = torch.bincount(flat, minlength=expected.numel()).double()
     big = expected >= 5
     e = torch.cat([expected[big], expected[~big].sum()[None]])
@@ -64,9 +64,9 @@ def chi_square_p(samples: list[tuple[int, ...]], joint: torch.Tensor) -> float:
     return float(chi2.sf(stat, int(big.sum())))  # bins - 1 degrees of freedom
 
 
-def run(gen_fn, n=N, seed=0) -> list[tuple[int, ...]]:
+def run(gen_fn, n=N, seed=0) -> list[GenerationResult]:
     g = torch.Generator().manual_seed(seed)
-    return [tuple(gen_fn(g).tokens) for _ in range(n)]
+    return [gen_fn(g) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +77,8 @@ def joints(small):
 
 def test_harness_accepts_target_only_sampling(small, joints):
     target, _ = small
-    samples = run(lambda g: target_generate(target, PROMPT, 3, T1, generator=g))
-    assert chi_square_p(samples, joints[T1]) > ALPHA
+    results = run(lambda g: target_generate(target, PROMPT, 3, T1, generator=g))
+    assert chi_square_p(results, joints[T1]) > ALPHA
 
 
 @pytest.mark.parametrize("block_size", [2, 4])
@@ -86,13 +86,8 @@ def test_harness_accepts_target_only_sampling(small, joints):
 def test_bad_drafter_is_lossless(small, joints, block_size, sampling):
     target, drafters = small
     drafter = drafters[block_size]
-    results = []
-
-    def gen(g):
-        results.append(spec_generate(target, drafter, PROMPT, 3, sampling, generator=g))
-        return results[-1]
-
-    p = chi_square_p(run(gen), joints[sampling])
+    results = run(lambda g: spec_generate(target, drafter, PROMPT, 3, sampling, generator=g))
+    p = chi_square_p(results, joints[sampling])
     assert p > ALPHA, f"p = {p:.2e}"
     rejects = sum(m < n for r in results for m, n in zip(r.accepted, r.drafted, strict=True))
     assert rejects > N // 4, "the bad drafter must exercise the residual path"
@@ -102,13 +97,8 @@ def test_bad_drafter_is_lossless(small, joints, block_size, sampling):
 def test_marginal_drafter_is_lossless(small, joints, block_size):
     target, _ = small
     drafter = MarginalOracleDrafter(target.model, block_size, T1)
-    results = []
-
-    def gen(g):
-        results.append(spec_generate(target, drafter, PROMPT, 3, T1, generator=g))
-        return results[-1]
-
-    p = chi_square_p(run(gen), joints[T1])
+    results = run(lambda g: spec_generate(target, drafter, PROMPT, 3, T1, generator=g))
+    p = chi_square_p(results, joints[T1])
     assert p > ALPHA, f"p = {p:.2e}"
     # With q equal to the target's marginal the first slot is always accepted.
     assert all(r.accepted[0] >= 1 for r in results)
@@ -119,6 +109,6 @@ def test_broken_residual_is_detected(small, joints, monkeypatch):
     bug; the test above must catch it."""
     target, drafters = small
     monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
-    samples = run(lambda g: spec_generate(target, drafters[4], PROMPT, 3, T1, generator=g))
-    p = chi_square_p(samples, joints[T1])
+    results = run(lambda g: spec_generate(target, drafters[4], PROMPT, 3, T1, generator=g))
+    p = chi_square_p(results, joints[T1])
     assert p < ALPHA, f"broken residual not detected: p = {p:.2e}"

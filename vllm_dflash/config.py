@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -97,17 +97,41 @@ class DFlashSection(BaseModel):
         return ids
 
 
-class DrafterConfig(BaseModel):
+class JsonConfig(BaseModel):
+    """A config parsed from JSON whose validation errors become one DFlashConfigError."""
+
+    kind: ClassVar[str] = "config"
+
+    @classmethod
+    def _prepare(cls, data: dict[str, Any]) -> dict[str, Any]:
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str | None = None) -> Self:
+        try:
+            return cls.model_validate(cls._prepare(data))
+        except ValidationError as e:
+            raise DFlashConfigError(_describe(e, source or cls.kind, cls.kind)) from None
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Self:
+        return cls.from_dict(read_json(path), source=str(path))
+
+
+class DrafterConfig(JsonConfig):
     """A DFlash drafter's ``config.json`` (Qwen3 fields + DFlash fields).
 
     Unknown keys are kept (HF configs carry many we do not need) but the fields the
     drafter's math depends on are validated here.
     """
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow")
+    kind: ClassVar[str] = "DFlash drafter config"
 
     architectures: list[str]
-    model_type: Literal["qwen3"] = "qwen3"
+    # The drafter's layers are Qwen3-style whatever the target; exporters for Llama targets
+    # may label the config "llama" (same fields). Key validation catches a real mismatch.
+    model_type: Literal["qwen3", "llama"] = "qwen3"
     hidden_size: int = Field(gt=0)
     intermediate_size: int = Field(gt=0)
     num_hidden_layers: int = Field(gt=0)
@@ -139,7 +163,7 @@ class DrafterConfig(BaseModel):
         return archs
 
     @model_validator(mode="after")
-    def _consistent(self) -> DrafterConfig:
+    def _consistent(self) -> Self:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -206,26 +230,15 @@ class DrafterConfig(BaseModel):
         """Draft tokens per block: the anchor occupies one of the block's slots."""
         return self.block_size - 1
 
-    # ---- I/O ------------------------------------------------------------------------
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config.json") -> DrafterConfig:
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            raise DFlashConfigError(_describe(e, source, "DFlash drafter config")) from None
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> DrafterConfig:
-        return cls.from_dict(read_json(path), source=str(path))
-
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)
 
 
-class TargetConfig(BaseModel):
+class TargetConfig(JsonConfig):
     """The few fields of a target model's HF config that a drafter must agree with."""
 
     model_config = ConfigDict(extra="allow")
+    kind: ClassVar[str] = "target model config"
 
     model_type: str = "unknown"
     hidden_size: int = Field(gt=0)
@@ -233,18 +246,11 @@ class TargetConfig(BaseModel):
     num_hidden_layers: int = Field(gt=0)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "target config") -> TargetConfig:
+    def _prepare(cls, data: dict[str, Any]) -> dict[str, Any]:
         # Multimodal wrappers (e.g. Qwen3.5) nest the language model under text_config.
         if "text_config" in data and "hidden_size" not in data:
-            data = {**data["text_config"], "model_type": data.get("model_type", "unknown")}
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            raise DFlashConfigError(_describe(e, source, "target model config")) from None
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> TargetConfig:
-        return cls.from_dict(read_json(path), source=str(path))
+            return {**data["text_config"], "model_type": data.get("model_type", "unknown")}
+        return data
 
 
 def check_compatible(draft: DrafterConfig, target: TargetConfig) -> None:

@@ -56,6 +56,7 @@ class ReferenceDrafter:
         check_compatible(ckpt.config, target.config)
         model = DFlashDrafter(ckpt.config)
         model.load_state_dict(ckpt.state_dict, strict=True)
+        # The drafter decides which target layers the target must expose.
         target.features_for = ckpt.config.target_layer_ids
         return cls(model.to(target.dtype), target)
 
