@@ -61,7 +61,9 @@ def chi_square_p(results: list[GenerationResult], joint: torch.Tensor) -> float:
     e = torch.cat([expected[big], expected[~big].sum()[None]])
     o = torch.cat([observed[big], observed[~big].sum()[None]])
     stat = float(((o - e) ** 2 / e).sum())
-    return float(chi2.sf(stat, int(big.sum())))  # bins - 1 degrees of freedom
+    p = float(chi2.sf(stat, int(big.sum())))  # bins - 1 degrees of freedom
+    print(f"chi-square: {len(e)} bins, statistic {stat:.1f}, p = {p:.3g}")  # see with -s
+    return p
 
 
 def run(gen_fn, n=N, seed=0) -> list[GenerationResult]:
