@@ -23,7 +23,10 @@ def good(drafter_dirs):
 def _error(data) -> str:
     with pytest.raises(DFlashConfigError) as e:
         DrafterConfig.from_dict(data)
-    return str(e.value)
+    msg = str(e.value)
+    # One short line per problem, never a dump of the whole config.
+    assert all(len(line) < 300 for line in msg.splitlines()), msg
+    return msg
 
 
 def test_valid_config_round_trips(good):

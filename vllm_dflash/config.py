@@ -41,9 +41,12 @@ _FIELD_FIXES: dict[str, str] = {
 def _describe(errors: ValidationError, source: str, model_name: str) -> str:
     lines = [f"{source}: invalid {model_name}:"]
     for err in errors.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "<root>"
-        value = "<missing>" if err["type"] == "missing" else repr(err.get("input"))
         msg = err["msg"].removeprefix("Value error, ")
+        if not err["loc"]:  # a cross-field check: its message names the fields itself
+            lines.append(f"  - {msg}")
+            continue
+        field = ".".join(str(p) for p in err["loc"])
+        value = "<missing>" if err["type"] == "missing" else repr(err.get("input"))
         fix = _FIELD_FIXES.get(field)
         line = f"  - field '{field}' = {value}: {msg}"
         if fix and "Fix:" not in msg:
