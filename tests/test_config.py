@@ -77,6 +77,7 @@ def test_absent_layer_ids_use_the_rule(good):
         (lambda d: d.pop("num_target_layers"), ["num_target_layers", "<missing>", "Fix:"]),
         (lambda d: d.update(num_key_value_heads=3), ["num_key_value_heads=3", "Fix:"]),
         (lambda d: d.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}), ["yarn", "Fix:"]),
+        (lambda d: d.update(rope_scaling={"type": "linear", "factor": 2.0}), ["'linear'", "Fix:"]),
         (lambda d: d.update(model_type="gpt2"), ["model_type", "'gpt2'", "qwen3"]),
     ],
 )

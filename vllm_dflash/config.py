@@ -85,7 +85,7 @@ class DFlashSection(BaseModel):
 
     @field_validator("target_layer_ids")
     @classmethod
-    def _ids_sorted_unique(cls, ids: list[int] | None) -> list[int] | None:
+    def _ids_valid(cls, ids: list[int] | None) -> list[int] | None:
         if ids is None:
             return ids
         if not ids:
@@ -179,7 +179,8 @@ class DrafterConfig(JsonConfig):
             )
         if self.resolved_head_dim % 2:
             raise ValueError(f"head_dim={self.resolved_head_dim} must be even for RoPE")
-        rope_type = (self.rope_parameters or self.rope_scaling or {}).get("rope_type", "default")
+        rope = self.rope_parameters or self.rope_scaling or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))  # "type": older HF
         if rope_type != "default":
             raise ValueError(
                 f"rope_type={rope_type!r} is not supported by DFlash drafters yet. "
