@@ -70,7 +70,7 @@ def test_absent_layer_ids_use_the_rule(good):
         ),
         (
             lambda d: d["dflash_config"].update(target_layer_ids=[3, 3]),
-            ["target_layer_ids", "duplicates", "Fix:"],
+            ["target_layer_ids", "no duplicates", "Fix:"],
         ),
         (lambda d: d.update(block_size=1), ["block_size", "1", "Fix:"]),
         (lambda d: d.update(block_size="sixteen"), ["block_size", "'sixteen'"]),
@@ -79,6 +79,22 @@ def test_absent_layer_ids_use_the_rule(good):
         (lambda d: d.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}), ["yarn", "Fix:"]),
         (lambda d: d.update(rope_scaling={"type": "linear", "factor": 2.0}), ["'linear'", "Fix:"]),
         (lambda d: d.update(model_type="gpt2"), ["model_type", "'gpt2'", "qwen3"]),
+        (lambda d: d["dflash_config"].update(target_layer_ids=[5, 1]), ["strictly increasing"]),
+        (lambda d: d.update(is_causal=True), ["is_causal=True", "Fix:"]),
+        (lambda d: d["dflash_config"].update(causal=True), ["dflash_config.causal", "Fix:"]),
+        (lambda d: d["dflash_config"].update(use_swa=True), ["dflash_config.use_swa", "Fix:"]),
+        (lambda d: d.update(use_sliding_window=True), ["use_sliding_window", "Fix:"]),
+        (
+            lambda d: d.update(layer_types=["full_attention", "sliding_attention"]),
+            ["layer_types", "sliding_attention", "Fix:"],
+        ),
+        (
+            lambda d: d.update(
+                rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                rope_scaling={"rope_type": "yarn", "factor": 4.0},
+            ),
+            ["yarn"],
+        ),
     ],
 )
 def test_bad_field_is_named_with_value_and_fix(good, mutate, needles):
@@ -125,10 +141,31 @@ def test_incompatible_target_is_explained(good, target_kw, needles):
 
 
 def test_last_target_layer_is_rejected(good):
-    # The last layer's raw output is never exposed (HF normalises it; vLLM cannot capture it).
+    # The last layer's pre-norm output is not exposed by HF (hidden_states[-1] is normed).
     good["dflash_config"]["target_layer_ids"] = [1, 7]
-    with pytest.raises(DFlashConfigError, match=r"\[7\] out of range"):
-        check_compatible(DrafterConfig.from_dict(good), _target())
+    assert "Fix: use ids in [0, 6]" in _error(good)
+
+
+def test_layer_range_advice_is_accepted(good):
+    """The range an error suggests is one the checks then accept."""
+    good["dflash_config"]["target_layer_ids"] = [1, 6]
+    check_compatible(DrafterConfig.from_dict(good), _target())
+
+
+def test_default_rule_refuses_a_too_shallow_target():
+    with pytest.raises(DFlashConfigError, match="too shallow.*Fix: set dflash_config"):
+        default_target_layer_ids(4, 2)  # the formula would give [1, 1]
+
+
+def test_mismatch_report_does_not_invent_fields(good):
+    with pytest.raises(DFlashConfigError) as e:
+        check_compatible(DrafterConfig.from_dict(good), _target(hidden_size=128))
+    assert "target_hidden_size" not in str(e.value)  # absent from config.json
+
+
+def test_error_without_source_has_one_prefix(good):
+    good["block_size"] = 0
+    assert _error(good).startswith("invalid DFlash drafter config:\n")
 
 
 def test_multimodal_target_config_uses_text_config():

@@ -25,8 +25,8 @@ _FIELD_FIXES: dict[str, str] = {
     "dflash_config": 'add "dflash_config": {"target_layer_ids": [...], "mask_token_id": N}',
     "dflash_config.mask_token_id": "set dflash_config.mask_token_id to the id of the <mask> token "
     "the drafter was trained with",
-    "dflash_config.target_layer_ids": "list the target layers whose hidden states the drafter "
-    "fuses (0-based), or drop the field to use the default uniform selection",
+    "dflash_config.target_layer_ids": "list, in increasing order, the 0-based target layers "
+    "whose hidden states the drafter fuses",
     "hidden_size": "copy hidden_size from the target model's config.json",
     "vocab_size": "copy vocab_size from the target model's config.json",
     "num_attention_heads": "set num_attention_heads to the drafter's attention head count",
@@ -38,8 +38,8 @@ _FIELD_FIXES: dict[str, str] = {
 }
 
 
-def _describe(errors: ValidationError, source: str, model_name: str) -> str:
-    lines = [f"{source}: invalid {model_name}:"]
+def _describe(errors: ValidationError, source: str | None, model_name: str) -> str:
+    lines = [f"{source + ': ' if source else ''}invalid {model_name}:"]
     for err in errors.errors():
         msg = err["msg"].removeprefix("Value error, ")
         if not err["loc"]:  # a cross-field check: its message names the fields itself
@@ -55,6 +55,13 @@ def _describe(errors: ValidationError, source: str, model_name: str) -> str:
     return "\n".join(lines)
 
 
+def last_feature_layer(num_target_layers: int) -> int:
+    """Highest usable feature layer. Layer i's feature is its output before the final norm;
+    HF exposes the last layer's output only after that norm (``hidden_states[-1]``), so the
+    reference engine could not reproduce it."""
+    return num_target_layers - 2
+
+
 def default_target_layer_ids(num_target_layers: int, num_selected: int) -> list[int]:
     """Uniformly pick ``num_selected`` target layers between the 2nd and the third-to-last.
 
@@ -64,15 +71,17 @@ def default_target_layer_ids(num_target_layers: int, num_selected: int) -> list[
     if num_selected < 1:
         raise DFlashConfigError(f"num_selected must be >= 1, got {num_selected}")
     if num_selected == 1:
-        return [num_target_layers // 2]
-    start, end = 1, num_target_layers - 3
-    if end < start:
+        ids = [num_target_layers // 2]
+    else:
+        start, end = 1, num_target_layers - 3
+        span = end - start
+        ids = [int(round(start + i * span / (num_selected - 1))) for i in range(num_selected)]
+    if len(set(ids)) != len(ids) or max(ids) > num_target_layers - 2:
         raise DFlashConfigError(
-            f"num_target_layers={num_target_layers} is too small for the default layer "
-            "selection (needs >= 4). Fix: set dflash_config.target_layer_ids explicitly."
+            f"a {num_target_layers}-layer target is too shallow to pick {num_selected} distinct "
+            "feature layers by the default rule. Fix: set dflash_config.target_layer_ids"
         )
-    span = end - start
-    return [int(round(start + i * span / (num_selected - 1))) for i in range(num_selected)]
+    return ids
 
 
 class DFlashSection(BaseModel):
@@ -89,14 +98,15 @@ class DFlashSection(BaseModel):
         if ids is None:
             return ids
         if not ids:
-            raise ValueError(
-                "must not be empty. Fix: list at least one target layer, or drop "
-                "the field to use the default selection"
-            )
-        if len(set(ids)) != len(ids):
-            raise ValueError("contains duplicates. Fix: list each target layer once")
+            raise ValueError("must not be empty. Fix: list at least one target layer")
         if any(i < 0 for i in ids):
             raise ValueError("contains a negative layer id. Fix: use 0-based layer indices")
+        # vLLM gathers the layers in layer order; any other order would permute fc's input.
+        if any(a >= b for a, b in zip(ids, ids[1:], strict=False)):
+            raise ValueError(
+                "must be strictly increasing (no duplicates). Fix: list each layer once, "
+                "in the order the drafter was trained with, which is layer order"
+            )
         return ids
 
 
@@ -114,7 +124,7 @@ class JsonConfig(BaseModel):
         try:
             return cls.model_validate(cls._prepare(data))
         except ValidationError as e:
-            raise DFlashConfigError(_describe(e, source or cls.kind, cls.kind)) from None
+            raise DFlashConfigError(_describe(e, source, cls.kind)) from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> Self:
@@ -167,6 +177,7 @@ class DrafterConfig(JsonConfig):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        self._full_bidirectional_attention_only()
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -179,19 +190,19 @@ class DrafterConfig(JsonConfig):
             )
         if self.resolved_head_dim % 2:
             raise ValueError(f"head_dim={self.resolved_head_dim} must be even for RoPE")
-        rope = self.rope_parameters or self.rope_scaling or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))  # "type": older HF
-        if rope_type != "default":
-            raise ValueError(
-                f"rope_type={rope_type!r} is not supported by DFlash drafters yet. "
-                "Fix: use plain RoPE (rope_scaling: null)"
-            )
+        for rope in (self.rope_parameters or {}, self.rope_scaling or {}):
+            rope_type = rope.get("rope_type", rope.get("type", "default"))  # "type": older HF
+            if rope_type != "default":
+                raise ValueError(
+                    f"rope_type={rope_type!r} is not supported by DFlash drafters yet. "
+                    "Fix: use plain RoPE (rope_scaling: null)"
+                )
         ids = self.dflash_config.target_layer_ids
-        if ids is not None and max(ids) >= self.num_target_layers:
+        if ids is not None and max(ids) > last_feature_layer(self.num_target_layers):
             raise ValueError(
                 f"dflash_config.target_layer_ids={ids} has layer {max(ids)} but "
                 f"num_target_layers={self.num_target_layers}. Fix: use ids in "
-                f"[0, {self.num_target_layers - 1}]"
+                f"[0, {last_feature_layer(self.num_target_layers)}]"
             )
         if self.dflash_config.mask_token_id >= self.vocab_size:
             raise ValueError(
@@ -200,6 +211,28 @@ class DrafterConfig(JsonConfig):
                 "<mask> token id, which must be < vocab_size"
             )
         return self
+
+    def _full_bidirectional_attention_only(self) -> None:
+        """vLLM honours keys that make drafter layers causal or sliding-window; the DFlash
+        drafter here is full bidirectional attention only, so refuse rather than ignore them."""
+        extra, section = self.model_extra or {}, self.dflash_config.model_extra or {}
+        found = {
+            "is_causal": extra.get("is_causal"),
+            "dflash_config.causal": section.get("causal"),
+            "dflash_config.use_swa": section.get("use_swa"),
+            "use_sliding_window": extra.get("use_sliding_window"),
+        }
+        bad = {k: v for k, v in found.items() if v}
+        layer_types = extra.get("layer_types") or []
+        if any(t != "full_attention" for t in layer_types):
+            bad["layer_types"] = layer_types
+        if bad:
+            field, value = next(iter(bad.items()))
+            raise ValueError(
+                f"{field}={value!r} asks for causal or sliding-window drafter attention, which "
+                "vllm-dflash does not support yet. Fix: use a standard DFlash drafter "
+                "(bidirectional, full attention) or remove the key"
+            )
 
     # ---- derived values -------------------------------------------------------------
     @property
@@ -210,7 +243,7 @@ class DrafterConfig(JsonConfig):
     def resolved_rope_theta(self) -> float:
         if self.rope_parameters and "rope_theta" in self.rope_parameters:
             return float(self.rope_parameters["rope_theta"])
-        return float(self.rope_theta or 1_000_000.0)
+        return float(self.rope_theta or 10_000.0)  # HF's default for Qwen3 and Llama
 
     @property
     def target_layer_ids(self) -> list[int]:
@@ -266,8 +299,8 @@ def check_compatible(draft: DrafterConfig, target: TargetConfig) -> None:
             f"{target.hidden_size}; the drafter shares the target's embedding and LM head. "
             "Fix: use a drafter trained for this target"
         )
-    feat = draft.target_hidden_size or draft.hidden_size
-    if feat != target.hidden_size:
+    feat = draft.target_hidden_size
+    if feat is not None and feat != target.hidden_size:
         problems.append(
             f"field 'target_hidden_size' = {feat} but the target's hidden_size is "
             f"{target.hidden_size}. Fix: use a drafter trained for this target"
@@ -288,9 +321,7 @@ def check_compatible(draft: DrafterConfig, target: TargetConfig) -> None:
             f"field 'num_target_layers' = {draft.num_target_layers} but the target has "
             f"{target.num_hidden_layers} layers. Fix: use a drafter trained for this target"
         )
-    # Layer i's feature is its output before the final norm; the last layer's output is
-    # only exposed after that norm (HF hidden_states[-1]) and is never captured by vLLM.
-    last = target.num_hidden_layers - 2
+    last = last_feature_layer(target.num_hidden_layers)
     bad = [i for i in draft.target_layer_ids if not 0 <= i <= last]
     if bad:
         problems.append(
