@@ -7,6 +7,7 @@ import math
 import torch
 
 from vllm_dflash.reference.generate import spec_generate
+from vllm_dflash.testing.oracles import GreedyOracleDrafter
 
 
 def _rms(x, w, eps=1e-6):
@@ -59,16 +60,16 @@ def naive_draft_logits(drafter, features, block_ids, start):
     return tgt.lm_head(_rms(x, m.norm.weight))[1:]
 
 
-def _features(target, ids):
+def _features(target, ids, layers):
     target.reset()
-    _, feats = target.forward(ids)
+    _, feats = target.forward(ids, layers)
     return feats
 
 
 def test_incremental_cache_matches_one_shot(drafters, target):
     drafter = drafters[8]
     ids = list(range(3, 23))
-    feats = _features(target, ids)
+    feats = _features(target, ids, drafter.feature_layers)
     anchor = 42
     drafter.reset()
     # Commit in uneven chunks, as verification does (prefill, then m+1 rows per step).
@@ -81,50 +82,74 @@ def test_incremental_cache_matches_one_shot(drafters, target):
     assert drafter.cache.length == 20  # anchor and masks never committed
 
 
+def _block_outputs(drafter, feats, block_ids, ctx_kv=None):
+    """The production model's block hidden states [s, h] for a block at position 10."""
+    m = drafter.model
+    positions = torch.arange(10, 10 + len(block_ids))[None]
+    if ctx_kv is None:
+        ctx_kv = m.context_kv(feats[None], torch.arange(feats.shape[0])[None])
+    embeds = drafter.target.embed(torch.tensor([block_ids]))
+    return m.forward_block(embeds, positions, ctx_kv)[0]
+
+
 def test_block_attention_is_bidirectional(drafters, target):
     drafter = drafters[4]
-    feats = _features(target, list(range(5, 15)))
-    block = torch.tensor([7, 127, 127, 127])
-    base = naive_draft_logits(drafter, feats, block, start=10)
-    changed = naive_draft_logits(drafter, feats, torch.tensor([7, 127, 127, 9]), start=10)
-    # Slot 1 sees slot 3: a causal block would leave its logits unchanged.
-    assert not torch.allclose(base[0], changed[0])
+    feats = _features(target, list(range(5, 15)), drafter.feature_layers)
+    base = _block_outputs(drafter, feats, [7, 127, 127, 127])
+    changed = _block_outputs(drafter, feats, [7, 127, 127, 9])
+    # Slot 1 sees slot 3: a causal block would leave its output unchanged.
+    assert not torch.allclose(base[1], changed[1])
 
 
-def test_every_layer_attends_to_the_context(drafters, target):
+def test_every_layer_attends_to_its_own_context_kv(drafters, target):
     drafter = drafters[4]
-    feats = _features(target, list(range(5, 15)))
-    block = torch.tensor([7, 127, 127, 127])
-    base = naive_draft_logits(drafter, feats, block, start=10)
-    other = feats.clone()
-    other[3] += 1.0
-    assert not torch.allclose(base, naive_draft_logits(drafter, other, block, start=10))
+    feats = _features(target, list(range(5, 15)), drafter.feature_layers)
+    ctx_kv = drafter.model.context_kv(feats[None], torch.arange(10)[None])
+    base = _block_outputs(drafter, feats, [7, 127, 127, 127], ctx_kv)
+    for layer in range(len(ctx_kv)):
+        k, v = ctx_kv[layer]
+        perturbed = list(ctx_kv)
+        perturbed[layer] = (k, v + 1.0)  # change only this layer's context values
+        out = _block_outputs(drafter, feats, [7, 127, 127, 127], perturbed)
+        assert not torch.allclose(base, out), f"layer {layer} ignores its context K/V"
 
 
 class _Recording:
-    """Wraps a drafter and records its cache length and anchor position at every call."""
+    """Runs the real drafter (so its cache commits what the loop passes) but proposes the
+    oracle's tokens, so steps with m > 0 happen; records every call."""
 
-    def __init__(self, inner):
-        self.inner, self.block_size, self.calls = inner, inner.block_size, []
+    def __init__(self, inner, oracle):
+        self.inner, self.oracle, self.block_size = inner, oracle, inner.block_size
+        self.feature_layers = inner.feature_layers
+        self.calls, self.features = [], []
 
     def reset(self):
         self.inner.reset()
 
     def draft_logits(self, new_features, anchor_token, anchor_position, verified_tokens):
         before = self.inner.cache.length
-        out = self.inner.draft_logits(new_features, anchor_token, anchor_position, verified_tokens)
+        self.inner.draft_logits(new_features, anchor_token, anchor_position, verified_tokens)
         self.calls.append((before, self.inner.cache.length, anchor_position))
-        return out
+        self.features.append(new_features.clone())
+        return self.oracle.draft_logits(
+            new_features, anchor_token, anchor_position, verified_tokens
+        )
 
 
-def test_caches_commit_only_verified_positions(drafters, target):
-    rec = _Recording(drafters[8])
+def test_caches_commit_exactly_the_verified_positions(drafters, target):
+    oracle = GreedyOracleDrafter(target.model, 8, accuracy=0.8)
+    rec = _Recording(drafters[8], oracle)
     prompt = list(range(10, 30))
     res = spec_generate(target, rec, prompt, max_new_tokens=40)
-    assert res.num_steps == len(rec.calls) >= 5
+    assert res.num_steps == len(rec.calls) >= 5 and max(res.accepted) >= 3
     for i, (before, after, anchor_pos) in enumerate(rec.calls):
         assert after == anchor_pos  # every verified position, nothing more
         if i:
             assert before == rec.calls[i - 1][1]
             assert after - before == res.accepted[i - 1] + 1
     assert rec.calls[0] == (0, len(prompt), len(prompt))
+    # The rows committed are the target's features of exactly those positions, in order.
+    committed = torch.cat(rec.features)
+    sequence = prompt + res.tokens[:-1]
+    want = _features(target, sequence[: committed.shape[0]], drafters[8].feature_layers)
+    torch.testing.assert_close(committed, want, atol=1e-5, rtol=1e-4)

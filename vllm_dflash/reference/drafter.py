@@ -24,6 +24,8 @@ class BlockDrafter(Protocol):
     """
 
     block_size: int
+    # Target layers whose outputs ``new_features`` concatenates (may be empty).
+    feature_layers: Sequence[int]
 
     def reset(self) -> None: ...
 
@@ -48,6 +50,7 @@ class ReferenceDrafter:
         self.target = target
         self.cfg: DrafterConfig = model.cfg
         self.block_size = self.cfg.block_size
+        self.feature_layers = self.cfg.target_layer_ids
         self.cache = DrafterKVCache()
 
     @classmethod
@@ -56,8 +59,6 @@ class ReferenceDrafter:
         check_compatible(ckpt.config, target.config)
         model = DFlashDrafter(ckpt.config)
         model.load_state_dict(ckpt.state_dict, strict=True)
-        # The drafter decides which target layers the target must expose.
-        target.features_for = ckpt.config.target_layer_ids
         return cls(model.to(target.dtype), target)
 
     def reset(self) -> None:
@@ -78,11 +79,17 @@ class ReferenceDrafter:
                 f"but the anchor sits at position {anchor_position}"
             )
         self.model.commit_context(
-            self.cache, new_features[None], torch.arange(start, anchor_position)[None]
+            self.cache,
+            new_features[None],
+            torch.arange(start, anchor_position, device=new_features.device)[None],
         )
-        block = torch.full((1, self.block_size), self.cfg.mask_token_id, dtype=torch.long)
+        device = self.target.device
+        block = torch.full(
+            (1, self.block_size), self.cfg.mask_token_id, dtype=torch.long, device=device
+        )
         block[0, 0] = anchor_token
-        positions = torch.arange(anchor_position, anchor_position + self.block_size)[None]
+        positions = torch.arange(anchor_position, anchor_position + self.block_size, device=device)
+        positions = positions[None]
         hidden = self.model.forward_block(
             self.target.embed(block), positions, self.cache.per_layer()
         )

@@ -96,10 +96,10 @@ def target_generate(
     res = GenerationResult()
     t0 = time.perf_counter()
     target.reset()
-    logits, _ = target.forward(prompt_ids, with_features=False)
+    logits, _ = target.forward(prompt_ids)
     res.prefill_s = time.perf_counter() - t0
     while not res.push(_choose(logits[-1], sampling, generator), max_new_tokens, stop_token_ids):
-        logits, _ = target.forward([res.tokens[-1]], with_features=False)
+        logits, _ = target.forward([res.tokens[-1]])
     res.total_s = time.perf_counter() - t0
     return res
 
@@ -124,7 +124,7 @@ def spec_generate(
     t0 = time.perf_counter()
     target.reset()
     drafter.reset()
-    logits, features = target.forward(prompt_ids)
+    logits, features = target.forward(prompt_ids, drafter.feature_layers)
     res.prefill_s = time.perf_counter() - t0
     verified = list(prompt_ids)
     done = res.push(_choose(logits[-1], sampling, generator), max_new_tokens, stop_token_ids)
@@ -142,7 +142,7 @@ def spec_generate(
             drafts = sample(draft_probs, generator)
         t2 = time.perf_counter()
 
-        logits, block_features = target.forward([anchor, *drafts.tolist()])
+        logits, block_features = target.forward([anchor, *drafts.tolist()], drafter.feature_layers)
         if sampling.greedy:
             m, nxt = verify_greedy(drafts, logits)
         else:

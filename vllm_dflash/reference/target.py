@@ -14,13 +14,12 @@ from vllm_dflash.config import TargetConfig
 class HFTarget:
     """Wraps any HF causal LM that returns ``hidden_states`` (``output_hidden_states=True``).
 
-    ``features_for`` are the target layers whose outputs the drafter fuses; HF's
+    Features are the concatenated outputs of the layers a drafter asks for; HF's
     ``hidden_states[0]`` is the embedding output, so layer i's output is ``hidden_states[i+1]``.
     """
 
-    def __init__(self, model: PreTrainedModel, features_for: Sequence[int] = ()):
+    def __init__(self, model: PreTrainedModel):
         self.model = model.eval().requires_grad_(False)
-        self.features_for = list(features_for)
         self.cache: DynamicCache | None = None
 
     @classmethod
@@ -34,6 +33,10 @@ class HFTarget:
     @property
     def dtype(self) -> torch.dtype:
         return self.model.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(ids)
@@ -50,27 +53,28 @@ class HFTarget:
 
     @torch.no_grad()
     def forward(
-        self, ids: Sequence[int], with_features: bool = True
+        self, ids: Sequence[int], feature_layers: Sequence[int] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run ``ids`` after the cached prefix; return logits [T, V] and features [T, F]."""
+        """Run ``ids`` after the cached prefix; return logits [T, V] and, when
+        ``feature_layers`` is given, features [T, len(feature_layers) * hidden]."""
         if self.cache is None:
             self.reset()
         start = self.cached_length
-        input_ids = torch.tensor([list(ids)], dtype=torch.long)
-        positions = torch.arange(start, start + input_ids.shape[1])[None]
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + input_ids.shape[1], device=self.device)[None]
         out = self.model(
             input_ids=input_ids,
             position_ids=positions,
             past_key_values=self.cache,
             use_cache=True,
-            output_hidden_states=with_features,
+            output_hidden_states=feature_layers is not None,
         )
         self.cache = out.past_key_values
         feats = None
-        if with_features:
+        if feature_layers is not None:
             hidden = out.hidden_states  # a zero-width first piece keeps [T, 0] when no layers
             feats = torch.cat(
-                [hidden[0][0, :, :0], *(hidden[i + 1][0] for i in self.features_for)], dim=-1
+                [hidden[0][0, :, :0], *(hidden[i + 1][0] for i in feature_layers)], dim=-1
             )
         return out.logits[0], feats
 

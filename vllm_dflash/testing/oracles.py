@@ -48,6 +48,7 @@ class GreedyOracleDrafter:
 
     def __init__(self, model: PreTrainedModel, block_size: int, accuracy: float, seed: int = 0):
         self.model, self.block_size, self.accuracy = model, block_size, accuracy
+        self.feature_layers: list[int] = []  # works from tokens alone
         self.rng = torch.Generator().manual_seed(seed)
 
     def reset(self) -> None:
@@ -80,6 +81,7 @@ class MarginalOracleDrafter:
 
     def __init__(self, model: PreTrainedModel, block_size: int, sampling: SamplingConfig):
         self.model, self.block_size, self.sampling = model, block_size, sampling
+        self.feature_layers: list[int] = []  # works from tokens alone
         self._memo: dict[tuple[int, ...], torch.Tensor] = {}  # tests revisit few prefixes
 
     def reset(self) -> None:
