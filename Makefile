@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-# One pytest worker per core; the tests pin torch to one thread per worker.
+# pytest-xdist workers: this machine has 2 cores, and the tests pin torch to one thread.
 PYTEST_WORKERS ?= 2
 
 .PHONY: install demo test test-fast lint format clean

@@ -53,7 +53,8 @@ def test_monte_carlo_agrees():
     assert total / n == pytest.approx(expected_acceptance_length(conditional=cond), abs=0.05)
 
 
-def test_measured_per_position_acceptance_predicts_tau(target):
+def test_per_position_acceptance_uses_the_cumulative_convention(target):
+    """tau = 1 + sum(c_k) holds exactly for measured runs when c_k is cumulative."""
     res = spec_generate(target, GreedyOracleDrafter(target.model, 8, accuracy=0.8), [5, 6, 7], 60)
     assert res.acceptance_length == pytest.approx(
         expected_acceptance_length(cumulative=res.per_position_acceptance())

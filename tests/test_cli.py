@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -20,16 +21,16 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 def test_demo_prints_measured_numbers(tmp_path):
     out = _run("demo", "--workdir", str(tmp_path), "--num-prompts", "2", "--max-tokens", "16")
     assert out.returncode == 0, out.stderr
-    for field in (
-        "acceptance length tau",
-        "target-only decode tok/s",
-        "DFlash decode tok/s",
-        "speedup (measured)",
-        "lossless (greedy, token for token)  yes",
-    ):
-        assert field in out.stdout
-    tau = float(out.stdout.split("acceptance length tau")[1].split()[0])
-    assert 1.0 <= tau <= 8.0
+    rows = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        for line in out.stdout.splitlines()
+        if re.search(r"\S\s{2,}\S", line)
+    )
+    assert rows["lossless (greedy, token for token)"] == "yes"
+    assert 1.0 <= float(rows["acceptance length tau"]) <= 8.0
+    for rate in ("target-only decode tok/s", "DFlash decode tok/s"):
+        assert float(rows[rate]) > 0
+    assert rows["speedup (measured)"].endswith("x")
     assert (tmp_path / "target" / "tokenizer.json").is_file()  # built, not downloaded
 
 

@@ -56,7 +56,7 @@ class DemoReport:
             ("target-only decode tok/s", f"{self.target_tokens_per_s:.1f}"),
             ("DFlash decode tok/s", f"{self.dflash_tokens_per_s:.1f}"),
             ("speedup (measured)", f"{self.speedup:.2f}x"),
-            ("speedup (analytic model)", f"{self.predicted_speedup:.2f}x"),
+            ("speedup (analytic model, measured costs)", f"{self.predicted_speedup:.2f}x"),
             ("lossless (greedy, token for token)", "yes" if self.lossless else "NO"),
         ]
         w = max(len(k) for k, _ in rows)

@@ -41,7 +41,10 @@ class GenerationResult:
 
     @property
     def acceptance_length(self) -> float:
-        """tau: tokens committed per verify step (accepted drafts + the target's token)."""
+        """tau: tokens committed per verify step (accepted drafts + the target's token).
+
+        It measures the verifier's acceptance, so it also counts tokens the last step produced
+        past a stop token or ``max_new_tokens`` (see ``truncated``)."""
         return sum(m + 1 for m in self.accepted) / max(1, self.num_steps)
 
     def per_position_acceptance(self) -> list[float]:
