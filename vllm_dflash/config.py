@@ -76,7 +76,7 @@ def default_target_layer_ids(num_target_layers: int, num_selected: int) -> list[
         start, end = 1, num_target_layers - 3
         span = end - start
         ids = [int(round(start + i * span / (num_selected - 1))) for i in range(num_selected)]
-    if len(set(ids)) != len(ids) or max(ids) > num_target_layers - 2:
+    if len(set(ids)) != len(ids) or max(ids) > last_feature_layer(num_target_layers):
         raise DFlashConfigError(
             f"a {num_target_layers}-layer target is too shallow to pick {num_selected} distinct "
             "feature layers by the default rule. Fix: set dflash_config.target_layer_ids"

@@ -42,6 +42,13 @@ def exact_joint(
     return joint
 
 
+def marginal(joint: torch.Tensor, k: int) -> torch.Tensor:
+    """P(x_k) from a joint law over ``joint.dim()`` tokens."""
+    others = tuple(d for d in range(joint.dim()) if d != k)
+    # (sum over an empty dim tuple would reduce everything: a 1-token joint is its marginal)
+    return joint.sum(dim=others) if others else joint
+
+
 class GreedyOracleDrafter:
     """Drafts the target's own greedy continuation, corrupting each slot with probability
     ``1 - accuracy`` (seeded), so acceptance lengths cover 0..block_size-1."""
@@ -97,12 +104,6 @@ class MarginalOracleDrafter:
         g = self.block_size - 1
         # Marginals from the joint over the g unseen tokens; V**g forwards in one batch.
         joint = exact_joint(self.model, verified_tokens, g, self.sampling)
-        # (sum over an empty dim tuple would reduce everything, hence the g == 1 case)
-        marginals = torch.stack(
-            [
-                joint.sum(dim=tuple(j for j in range(g) if j != k)) if g > 1 else joint
-                for k in range(g)
-            ]
-        )
+        marginals = torch.stack([marginal(joint, k) for k in range(g)])
         # The loop re-applies temperature to these logits: pre-scale so q comes out exact.
         return self.sampling.temperature * marginals.clamp_min(1e-30).log()
