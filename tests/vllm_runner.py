@@ -1,9 +1,13 @@
 """Run one real vLLM engine in its own process: ``python tests/vllm_runner.py request.json``.
 
-The request names the target, an optional speculative config, token-id prompts and sampling;
-the outputs are written to the request's "out" path as JSON. Engine tests start this as a
-subprocess (one engine per test module) because vLLM spawns its engine core and must run
-from a real ``__main__``.
+The request names the target, an optional speculative config, extra engine arguments and a
+list of jobs; each job's outputs and the spec-decode counters it moved are written to the
+request's "out" path as JSON. Engine tests start this as a subprocess (one engine per test
+module) because vLLM spawns its engine core and must run from a real ``__main__``.
+
+Job fields: name, prompts (token-id lists), max_tokens (int or one per prompt),
+temperature, seed, stop (strings), concurrency (prompts submitted together; default all),
+abort_after_steps + abort (indices of prompts to abort after that many engine steps).
 """
 
 from __future__ import annotations
@@ -11,27 +15,109 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
+
+
+def spec_counters(llm: Any) -> dict[str, Any]:
+    """vLLM's own spec-decode and preemption counters, summed over labels."""
+    out: dict[str, Any] = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
+    out["preemptions"] = out["prefix_hits"] = 0
+    names = {
+        "vllm:spec_decode_num_drafts": "drafts",
+        "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens": "accepted",
+        "vllm:num_preemptions": "preemptions",
+        "vllm:prefix_cache_hits": "prefix_hits",
+    }
+    for m in llm.get_metrics():
+        if m.name in names:
+            out[names[m.name]] += int(m.value)
+        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            vals = list(m.values)
+            pad = max(len(vals), len(out["per_pos"]))
+            a = out["per_pos"] + [0] * (pad - len(out["per_pos"]))
+            out["per_pos"] = [x + (vals[i] if i < len(vals) else 0) for i, x in enumerate(a)]
+    return out
+
+
+def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    d = {k: after[k] - before[k] for k in after if k != "per_pos"}
+    prev = before["per_pos"] + [0] * (len(after["per_pos"]) - len(before["per_pos"]))
+    d["per_pos"] = [a - b for a, b in zip(after["per_pos"], prev, strict=True)]
+    return d
+
+
+def run_job(llm: Any, job: dict[str, Any]) -> dict[str, Any]:
+    from vllm import SamplingParams
+
+    prompts = job["prompts"]
+    max_tokens = job["max_tokens"]
+    if isinstance(max_tokens, int):
+        max_tokens = [max_tokens] * len(prompts)
+
+    def params(i: int) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=max_tokens[i],
+            temperature=job.get("temperature", 0.0),
+            seed=None if job.get("seed") is None else job["seed"] + i,
+            stop=job.get("stop"),
+            ignore_eos=True,
+        )
+
+    before = spec_counters(llm)
+    if "abort" in job:
+        results = _run_with_aborts(llm, prompts, params, job)
+    else:
+        c = job.get("concurrency") or len(prompts)
+        results = []
+        for s in range(0, len(prompts), c):
+            chunk = range(s, min(s + c, len(prompts)))
+            outs = llm.generate(
+                [{"prompt_token_ids": prompts[i]} for i in chunk],
+                [params(i) for i in chunk],
+                use_tqdm=False,
+            )
+            results += [_result(o) for o in outs]
+    return {"results": results, "spec": delta(spec_counters(llm), before)}
+
+
+def _result(out: Any) -> dict[str, Any]:
+    o = out.outputs[0]
+    return {"tokens": list(o.token_ids), "text": o.text, "finish_reason": o.finish_reason}
+
+
+def _run_with_aborts(llm: Any, prompts, params, job) -> list[dict[str, Any] | None]:
+    engine = llm.llm_engine
+    ids = [f"{job['name']}-{i}" for i in range(len(prompts))]
+    for i, rid in enumerate(ids):
+        engine.add_request(rid, {"prompt_token_ids": prompts[i]}, params(i))
+    done: dict[str, Any] = {}
+    steps = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = _result(out)
+        steps += 1
+        if steps == job["abort_after_steps"]:
+            engine.abort_request([ids[i] for i in job["abort"]])
+    return [done.get(rid) for rid in ids]
 
 
 def main(path: str) -> None:
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     req = json.loads(Path(path).read_text())
-    llm = LLM(
-        model=req["target"],
-        speculative_config=req.get("speculative_config"),
-        dtype="float32",
-        max_model_len=512,
-        gpu_memory_utilization=0.3,
-        enforce_eager=True,  # torch.compile would add ~90 s to every start on CPU
-        seed=0,
-    )
-    params = SamplingParams(
-        max_tokens=req["max_tokens"], temperature=req.get("temperature", 0.0), ignore_eos=True
-    )
-    outs = llm.generate([{"prompt_token_ids": p} for p in req["prompts"]], params)
-    result = {"outputs": [list(o.outputs[0].token_ids) for o in outs]}
-    Path(req["out"]).write_text(json.dumps(result))
+    engine_args = {
+        "dtype": "float32",
+        "max_model_len": 512,
+        "gpu_memory_utilization": 0.3,
+        "enforce_eager": True,  # torch.compile would add ~90 s to every start on CPU
+        "seed": 0,
+        "disable_log_stats": False,  # the spec-decode counters are read back per job
+    } | req.get("engine", {})
+    llm = LLM(model=req["target"], speculative_config=req.get("speculative_config"), **engine_args)
+    jobs = {job["name"]: run_job(llm, job) for job in req["jobs"]}
+    Path(req["out"]).write_text(json.dumps({"jobs": jobs}))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,21 @@
-"""vLLM plugin entry points (``vllm.general_plugins``), loaded by vLLM in every process.
+"""vLLM plugin entry point (``vllm.general_plugins``), loaded by vLLM in every process.
 
-The serving backend (our proposer and paged-KV drafter) lands with the serving issue; until
-then ``register`` only checks that the installed vLLM is one we support, and says that
-vLLM's built-in ``dflash`` serves. It must never raise: a plugin error would take down
-every engine on the machine, so problems are logged instead.
+``register`` makes our proposer and paged-KV drafter serve ``method: "dflash"``, unless
+``VLLM_DFLASH_BACKEND=builtin`` asks for vLLM's own implementation (so both can be measured
+from one install) or the installed vLLM is not a version we support (then vLLM's built-in
+serves and a warning says why). Either way one log line says which implementation serves.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
+from vllm_dflash.errors import DFlashConfigError
 from vllm_dflash.versions import SUPPORTED_VLLM_VERSIONS
+
+BACKEND_ENV = "VLLM_DFLASH_BACKEND"
+BACKENDS = ("dflash", "builtin")
 
 # A child of vLLM's "vllm" logger, so the line appears in vLLM's own log output.
 logger = logging.getLogger("vllm.plugins.vllm_dflash")
@@ -41,9 +46,29 @@ def version_problem(found: str | None) -> str | None:
     return None
 
 
+def selected_backend() -> str:
+    value = os.environ.get(BACKEND_ENV, "dflash").strip().lower() or "dflash"
+    if value not in BACKENDS:
+        raise DFlashConfigError(
+            f"{BACKEND_ENV}={value!r} is not a backend. Fix: set it to one of {BACKENDS} "
+            "('dflash' = vllm-dflash, the default; 'builtin' = vLLM's own dflash)"
+        )
+    return value
+
+
 def register() -> None:
+    backend = selected_backend()  # a typo here must stop the start, not be ignored
+    if backend == "builtin":
+        logger.info("vllm-dflash: %s=builtin; vLLM's built-in dflash serves.", BACKEND_ENV)
+        return
     problem = version_problem(installed_vllm_version())
     if problem:
         logger.warning("vllm-dflash: %s; leaving vLLM's built-in dflash in place.", problem)
         return
-    logger.info("vllm-dflash: serving backend not installed yet; vLLM's built-in dflash serves.")
+    from vllm_dflash.serving.install import install
+
+    install()
+    logger.info(
+        "vllm-dflash: vllm-dflash serves method 'dflash' (%s=builtin selects vLLM's own).",
+        BACKEND_ENV,
+    )

@@ -1,0 +1,261 @@
+"""The DFlash drafter as a vLLM model over vLLM's paged KV cache.
+
+vLLM instantiates this class for the ``DFlashDraftModel`` architecture once our plugin has
+registered it. Each drafter layer owns a vLLM ``Attention`` layer, so its K/V blocks come
+from vLLM's KV-cache manager like the target's.
+
+Two entry points per decoding step, both driven by our proposer:
+
+* ``write_context_kv(features, positions, slots)``: the target's fused features for newly
+  computed positions go through ``fc`` -> ``hidden_norm`` -> every layer's k/v projection
+  (one GEMM for all layers) -> ``k_norm`` -> RoPE, and are written into each layer's paged
+  cache. This is the only place context K/V is produced; it is never recomputed.
+* ``forward(input_ids, positions)``: the block (anchor + masks) runs through the layers; its
+  queries attend to the cached context plus the block itself with no causal mask (the
+  attention metadata says ``causal=False``). The block's own K/V lands in the cache at the
+  block's positions and is overwritten by real context K/V before anything reads it again.
+
+The forward has only static shapes given the padded token count and reads nothing but its
+arguments and the forward context, so vLLM can capture it in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+from vllm_dflash.config import DrafterConfig
+from vllm_dflash.serving.drafter_config import drafter_config_of
+
+# Checkpoint names of the separate q/k/v and gate/up projections -> our fused parameters.
+_STACKED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim in float32, like the reference drafter."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig, prefix: str) -> None:
+        super().__init__()
+        hd = cfg.resolved_head_dim
+        self.head_dim = hd
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size,
+            hd,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            bias=cfg.attention_bias,
+            prefix=f"{prefix}.qkv_proj",
+        )
+        self.o_proj = RowParallelLinear(
+            cfg.num_attention_heads * hd,
+            cfg.hidden_size,
+            bias=cfg.attention_bias,
+            prefix=f"{prefix}.o_proj",
+        )
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.num_heads * hd, self.num_kv_heads * hd
+        self.q_norm = RMSNorm(hd, eps=cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, eps=cfg.rms_norm_eps)
+        self.rotary_emb = get_rope(
+            hd,
+            max_position=cfg.max_position_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": cfg.resolved_rope_theta},
+        )
+        vllm_config = get_current_vllm_config()
+        self.attn = Attention(
+            self.num_heads,
+            hd,
+            hd**-0.5,
+            num_kv_heads=self.num_kv_heads,
+            cache_config=vllm_config.cache_config,
+            prefix=f"{prefix}.attn",
+        )
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        qkv, _ = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        n, hd = x.shape[0], self.head_dim
+        q = self.q_norm(q.reshape(n, -1, hd)).reshape(n, self.q_size)
+        k = self.k_norm(k.reshape(n, -1, hd)).reshape(n, self.kv_size)
+        q, k = self.rotary_emb(positions, q, k)
+        out, _ = self.o_proj(self.attn(q, k, v))
+        return out
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig, prefix: str) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            cfg.hidden_size, [cfg.intermediate_size] * 2, bias=False, prefix=f"{prefix}.gate"
+        )
+        self.down_proj = RowParallelLinear(
+            cfg.intermediate_size, cfg.hidden_size, bias=False, prefix=f"{prefix}.down_proj"
+        )
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up, _ = self.gate_up_proj(x)
+        out, _ = self.down_proj(self.act(gate_up))
+        return out
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig, prefix: str) -> None:
+        super().__init__()
+        self.self_attn = DrafterAttention(cfg, f"{prefix}.self_attn")
+        self.mlp = DrafterMLP(cfg, f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class DrafterBody(nn.Module):
+    """Holds the layers; the proposer puts the target's ``embed_tokens`` here."""
+
+    def __init__(self, cfg: DrafterConfig, prefix: str) -> None:
+        super().__init__()
+        self.fc = ReplicatedLinear(cfg.feature_size, cfg.hidden_size, bias=False, prefix="fc")
+        self.hidden_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DrafterLayer(cfg, f"{prefix}.layers.{i}") for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.embed_tokens: nn.Module | None = None  # the target's, shared at load time
+
+
+class DFlashDraftModel(nn.Module):
+    """vLLM model class for ``architectures: ["DFlashDraftModel"]`` (z-lab format)."""
+
+    # The drafter reuses the target's frozen embedding and LM head. vLLM's proposer base
+    # puts the target's modules into ``model.embed_tokens`` and ``lm_head`` at load time
+    # (its "shares everything" path, taken because this class declares no
+    # ``has_own_embed_tokens`` / ``has_own_lm_head``).
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        self.cfg = drafter_config_of(vllm_config)
+        # Attention layer names must not collide with the target's ("model.layers.N...").
+        self.model = DrafterBody(self.cfg, prefix=f"{prefix}dflash_drafter".lstrip("."))
+        self.lm_head: nn.Module | None = None  # the target's, shared at load time
+        self.logits_processor = LogitsProcessor(self.cfg.vocab_size)
+
+    # ---- vLLM model interface ---------------------------------------------------------
+    def embed_input_ids(self, input_ids: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        residual = None
+        for layer in self.model.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.model.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    # ---- context K/V --------------------------------------------------------------------
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """[N, len(target_layer_ids) * H] target features -> [N, H] drafter context."""
+        fused, _ = self.model.fc(features)
+        return self.model.hidden_norm(fused)
+
+    def write_context_kv(
+        self, context: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None
+    ) -> None:
+        """Project ``context`` ([N, H], already fused) to every layer's K/V and write it at
+        ``slots`` (None: compute only, as in vLLM's memory-profiling dummy run)."""
+        layers = self.model.layers
+        attn0 = layers[0].self_attn
+        n, L = context.shape[0], len(layers)
+        nkv, hd = attn0.num_kv_heads, attn0.head_dim
+        kv = nn.functional.linear(context, self._ctx_kv_weight, self._ctx_kv_bias)
+        kv = kv.view(n, L, 2, nkv, hd)
+        k = _rms(kv[:, :, 0], self._k_norm_weight.view(1, L, 1, hd), self._k_norm_eps)
+        # One RoPE call for all layers: they share head_dim, theta and positions.
+        k = attn0.rotary_emb(positions.repeat_interleave(L), k.reshape(n * L, nkv * hd))[0]
+        k = k.view(n, L, nkv, hd)
+        v = kv[:, :, 1]
+        if slots is None:
+            return
+        for i, layer in enumerate(layers):
+            attn = layer.self_attn.attn
+            attn.impl.do_kv_cache_update(attn, k[:, i], v[:, i], attn.kv_cache, slots)
+
+    def _stack_context_weights(self) -> None:
+        """Stack every layer's k/v rows of ``qkv_proj`` into one matrix (one GEMM per step
+        for all layers) and the k_norm weights into one tensor."""
+        attns = [layer.self_attn for layer in self.model.layers]
+        q = attns[0].q_size
+        self._ctx_kv_weight = torch.cat([a.qkv_proj.weight[q:] for a in attns]).clone()
+        biases = [a.qkv_proj.bias for a in attns]
+        self._ctx_kv_bias = (
+            None if biases[0] is None else torch.cat([b[q:] for b in biases]).clone()
+        )
+        self._k_norm_weight = torch.stack([a.k_norm.weight for a in attns]).contiguous()
+        self._k_norm_eps = attns[0].k_norm.variance_epsilon
+
+    # ---- weights ------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if name.startswith(("embed_tokens.", "lm_head.", "model.embed_tokens.")):
+                continue  # the target's are used; a copy in the checkpoint is ignored
+            name = "model." + name.removeprefix("model.")
+            parts = name.split(".")
+            stacked = _STACKED.get(parts[-2]) if len(parts) >= 2 else None
+            if stacked is not None:
+                fused, shard = stacked
+                name = ".".join([*parts[:-2], fused, parts[-1]])
+                params[name].weight_loader(params[name], tensor, shard)
+            else:
+                param = params[name]
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            loaded.add(name)
+        # Now, while the weights are plain tensors: vLLM's CPU linear layers repack theirs
+        # into a backend format after loading.
+        self._stack_context_weights()
+        return loaded

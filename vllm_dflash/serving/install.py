@@ -1,0 +1,68 @@
+"""Put our drafter and proposer where vLLM 0.32 looks for the ``dflash`` method.
+
+* The drafter model class is registered for the ``DFlashDraftModel`` architecture through
+  vLLM's public ``ModelRegistry``.
+* vLLM's model runner builds ``DFlashProposer`` from a name bound in its own module
+  (``vllm.v1.worker.gpu_model_runner``), and checks ``isinstance(drafter, DFlashProposer)``
+  against that same name, so rebinding that one name swaps the proposer everywhere. The
+  runner module is heavy, so it is not imported here: the swap happens right after the
+  process imports it (vLLM loads plugins before it imports its worker classes).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+DRAFTER_CLASS = "vllm_dflash.serving.drafter_model:DFlashDraftModel"
+
+
+def install() -> None:
+    from vllm import ModelRegistry
+
+    from vllm_dflash.serving import cpu_sampler_fix
+
+    cpu_sampler_fix.install()
+
+    ModelRegistry.register_model("DFlashDraftModel", DRAFTER_CLASS)
+    after_import(RUNNER_MODULE, _swap_proposer)
+
+
+def _swap_proposer(runner_module: ModuleType) -> None:
+    from vllm_dflash.serving.proposer import DFlashProposer
+
+    runner_module.DFlashProposer = DFlashProposer
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback(module)`` once ``name`` has been executed by the normal import."""
+
+    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname, path, target=None):  # noqa: ANN001 - importlib protocol
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # let the regular finders locate the module
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_then_call(module: ModuleType) -> None:
+            run(module)
+            self.callback(module)
+
+        spec.loader.exec_module = exec_then_call  # type: ignore[method-assign]
+        return spec
+
+
+def after_import(name: str, callback: Callable[[ModuleType], None]) -> None:
+    if name in sys.modules:
+        callback(sys.modules[name])
+    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, callback))

@@ -1,0 +1,219 @@
+"""Our DFlash proposer: vLLM's model runner calls it once per step to draft a whole block.
+
+Per step, for a batch of B requests and K draft tokens:
+
+1. The target has just run; the model runner hands us, for every token it computed, the
+   concatenated hidden states of the drafter's ``target_layer_ids`` (our hook, see
+   ``load_model``). They are fused and written as context K/V into the drafter's paged cache
+   at the target's own slots (``cad.slot_mapping``), so nothing is recomputed later.
+2. The block for request b is ``[last verified token, mask * K]`` at positions
+   ``p_b + 1 .. p_b + 1 + K`` where ``p_b`` is the request's last accepted position.
+   Rejected positions are rolled back by excluding them from ``seq_lens``; their cache slots
+   are overwritten by this very block before anything reads them.
+3. One drafter forward (non-causal attention over context + block) gives logits at the K
+   mask positions: argmax for greedy requests, or a sample from the drafter's distribution
+   together with those probabilities when the request samples, so that vLLM's rejection
+   sampler can use them (DESIGN.md section 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+from typing_extensions import override
+from vllm.config import VllmConfig
+from vllm.forward_context import set_forward_context
+from vllm.model_executor.models.interfaces import supports_eagle3
+from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+from vllm_dflash.errors import DFlashConfigError
+from vllm_dflash.serving.drafter_config import check_serving_config, feature_layers
+
+# Under vLLM's "vllm" logger so the lines appear in vLLM's own log output.
+logger = logging.getLogger("vllm.plugins.vllm_dflash")
+
+
+class DFlashProposer(SpecDecodeBaseProposer):
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, runner: Any = None):
+        # Validate before vLLM's base class reads anything from the drafter config.
+        self.draft = check_serving_config(vllm_config)
+        self.aux_layers = feature_layers(self.draft)
+        spec = vllm_config.speculative_config
+        assert spec is not None and spec.draft_model_config is not None
+        # vLLM's model runner picks the target layers to capture from this dict; make sure
+        # it holds the ids we resolved (a missing key would give EAGLE-3's three layers).
+        hf = spec.draft_model_config.hf_config
+        hf.dflash_config = {
+            **(getattr(hf, "dflash_config", None) or {}),
+            "target_layer_ids": list(self.draft.target_layer_ids),
+            "mask_token_id": self.draft.mask_token_id,
+        }
+        super().__init__(vllm_config, device, pass_hidden_states_to_model=False, runner=runner)
+
+        k = self.num_speculative_tokens
+        self.max_query_tokens = self.max_batch_size * (k + 1)
+        max_padded = max(
+            self.max_query_tokens,
+            vllm_config.compilation_config.max_cudagraph_capture_size or 0,
+        )
+        # Persistent query buffers (fixed addresses for CUDA-graph replay).
+        self.input_ids = torch.zeros(max_padded, dtype=torch.int32, device=device)
+        self.positions = torch.zeros(max_padded, dtype=torch.int64, device=device)
+        self._slot_mapping_buffer = torch.zeros(max_padded, dtype=torch.int64, device=device)
+        self._block_offsets = torch.arange(k + 1, dtype=torch.int64, device=device)
+        self._query_start = torch.arange(self.max_batch_size + 1, dtype=torch.int32) * (k + 1)
+        self.mask_token_id = self.draft.mask_token_id
+
+    # ---- configuration hooks of the base class ----------------------------------------
+    @override
+    def _create_draft_vllm_config(self) -> VllmConfig:
+        base = super()._create_draft_vllm_config()
+        # Pick an attention backend that can run the block without a causal mask.
+        return dataclasses.replace(
+            base,
+            attention_config=dataclasses.replace(base.attention_config, use_non_causal=True),
+        )
+
+    @override
+    def _get_eagle3_use_aux_hidden_state_from_config(self) -> bool:
+        return True  # DFlash always drafts from the captured target layers
+
+    @override
+    def load_model(self, target_model: torch.nn.Module) -> None:
+        """Load the drafter and install the hidden-state hook on the target."""
+        if not supports_eagle3(target_model):
+            raise DFlashConfigError(
+                f"target architecture {type(target_model).__name__} cannot return "
+                "intermediate hidden states, which DFlash drafts from. Fix: serve a target "
+                "whose vLLM model implements SupportsEagle3 (Qwen3, Llama, ...), or drop "
+                "--speculative-config"
+            )
+        super().load_model(target_model)
+        # The hook: the target's forward returns the residual stream at these layers for
+        # every scheduled token, and the runner passes them (concatenated) to ``propose``.
+        target_model.set_aux_hidden_state_layers(self.aux_layers)
+        logger.info(
+            "vllm-dflash: drafting from target layers %s (%d draft tokens per step)",
+            list(self.draft.target_layer_ids),
+            self.num_speculative_tokens,
+        )
+
+    # ---- one decoding step -------------------------------------------------------------
+    @override
+    def propose(
+        self,
+        num_speculative_tokens: int,
+        target_token_ids: torch.Tensor,
+        target_positions: torch.Tensor,
+        target_hidden_states: torch.Tensor,
+        next_token_ids: torch.Tensor,
+        token_indices_to_sample: torch.Tensor | None,
+        common_attn_metadata: CommonAttentionMetadata,
+        sampling_metadata: SamplingMetadata,
+        mm_embed_inputs: Any = None,
+        num_rejected_tokens_gpu: torch.Tensor | None = None,
+        slot_mappings: Any = None,
+    ) -> torch.Tensor:
+        cad = common_attn_metadata
+        k = num_speculative_tokens
+        q = k + 1
+        b = cad.num_reqs
+        n_ctx = target_hidden_states.shape[0]
+        self._last_draft_probs = None
+
+        # 1. Context K/V for every position the target just computed.
+        context = self.model.fuse(target_hidden_states)
+        self.model.write_context_kv(context, target_positions[:n_ctx], cad.slot_mapping[:n_ctx])
+
+        # 2. Block inputs: anchor = last verified token, then K masks.
+        last = cad.query_start_loc[1 : b + 1].long() - 1
+        seq_lens = cad.seq_lens[:b]
+        if num_rejected_tokens_gpu is not None:
+            last = last - num_rejected_tokens_gpu[:b]
+            seq_lens = seq_lens - num_rejected_tokens_gpu[:b]
+        pos = target_positions[last][:, None] + 1 + self._block_offsets[:q]  # [B, Q]
+        n_q = b * q
+        self.positions[:n_q] = pos.reshape(-1)
+        ids = self.input_ids[:n_q].view(b, q)
+        ids[:, 0] = next_token_ids[:b]
+        ids[:, 1:] = self.mask_token_id
+        bs = self.block_size
+        blocks = cad.block_table_tensor[:b].gather(1, pos // bs)
+        slots = (blocks * bs + pos % bs).reshape(-1)
+
+        block_cad = CommonAttentionMetadata(
+            query_start_loc=self._query_start[: b + 1].to(cad.query_start_loc.device),
+            query_start_loc_cpu=self._query_start[: b + 1],
+            seq_lens=seq_lens + q,
+            seq_lens_cpu_upper_bound=(
+                None if cad.seq_lens_cpu_upper_bound is None else cad.seq_lens_cpu_upper_bound + q
+            ),
+            num_reqs=b,
+            num_actual_tokens=n_q,
+            max_query_len=q,
+            max_seq_len=cad.max_seq_len + q,
+            block_table_tensor=cad.block_table_tensor,
+            slot_mapping=slots,
+            causal=False,
+        )
+        _, per_layer = self.build_per_group_and_layer_attn_metadata(block_cad)
+        mode, n_in, across_dp = self._determine_batch_execution_and_padding(n_q)
+
+        # 3. One drafter forward over all blocks; logits only at the mask positions.
+        with set_forward_context(
+            per_layer,
+            self.vllm_config,
+            num_tokens=n_in,
+            num_tokens_across_dp=across_dp,
+            cudagraph_runtime_mode=mode,
+            slot_mapping=self._get_slot_mapping(n_in, slots),
+        ):
+            hidden = self.model(self.input_ids[:n_in], self.positions[:n_in])
+        masks = hidden[:n_q].view(b, q, -1)[:, 1:].reshape(b * k, -1)
+        logits = self.model.compute_logits(masks)
+        if sampling_metadata.all_greedy or not self._enable_probabilistic_draft_probs:
+            return logits.argmax(dim=-1).view(b, k)
+        tokens, probs = self._sample_from_logits(logits, sampling_metadata)
+        if probs is not None:
+            self._last_draft_probs = probs.view(b, k, -1)
+        return tokens.view(b, k)
+
+    @override
+    @torch.inference_mode()
+    def dummy_run(
+        self,
+        num_tokens: int,
+        use_cudagraphs: bool = True,
+        is_graph_capturing: bool = False,
+        slot_mappings: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Memory profiling / warm-up: the context projection for ``num_tokens`` target
+        tokens, then the block forward at its largest padded size."""
+        n_q = min(num_tokens, self.max_query_tokens)
+        mode, n_in, across_dp = self._determine_batch_execution_and_padding(
+            n_q, use_cudagraphs=use_cudagraphs
+        )
+        features = torch.zeros(
+            num_tokens, self.draft.feature_size, dtype=self.dtype, device=self.device
+        )
+        self.model.write_context_kv(
+            self.model.fuse(features), self.positions.new_zeros(num_tokens), None
+        )
+        if slot_mappings and self._draft_attn_layer_names & slot_mappings.keys():
+            slot_mapping = self._get_slot_mapping(n_in)
+        else:
+            slot_mapping = slot_mappings or {}
+        with set_forward_context(
+            None,
+            self.vllm_config,
+            num_tokens=n_in,
+            num_tokens_across_dp=across_dp,
+            cudagraph_runtime_mode=mode,
+            slot_mapping=slot_mapping,
+        ):
+            self.model(self.input_ids[:n_in], self.positions[:n_in])
