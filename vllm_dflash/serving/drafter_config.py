@@ -1,7 +1,9 @@
 """Start-up checks of a ``--speculative-config`` against the drafter and target configs.
 
-Everything here runs when vLLM builds our proposer, before any weight is loaded, so a wrong
-drafter fails the engine start with one message that names the field and the fix.
+They run twice: in the process that parses the engine arguments (before vLLM's own
+speculative-config processing, whose errors for a wrong drafter are less specific), and
+again when the engine builds our proposer from the resolved config. A wrong drafter fails the
+start with one message that names the field and the fix.
 """
 
 from __future__ import annotations
@@ -41,33 +43,56 @@ def drafter_config_of(vllm_config: VllmConfig) -> DrafterConfig:
     return _load(str(dm.model), dm.revision)
 
 
-def target_config_of(vllm_config: VllmConfig) -> TargetConfig:
-    hf: Any = vllm_config.model_config.hf_config
-    return TargetConfig.from_dict(hf.to_dict(), source=f"target {vllm_config.model_config.model}")
+def target_config_of(hf_config: Any, name: str) -> TargetConfig:
+    # Attribute access, not to_dict(): HF configs map e.g. GPT-2's n_embd to hidden_size.
+    hf = hf_config.get_text_config()
+    fields = {field: getattr(hf, field, None) for field in TargetConfig.model_fields}
+    fields["model_type"] = getattr(hf, "model_type", None) or "unknown"
+    return TargetConfig.from_dict(fields, source=f"target {name}")
 
 
-def check_serving_config(vllm_config: VllmConfig) -> DrafterConfig:
-    """Validate drafter, target and speculative config together; return the drafter config."""
-    draft = drafter_config_of(vllm_config)
-    check_compatible(draft, target_config_of(vllm_config))
-    spec = vllm_config.speculative_config
-    assert spec is not None
-    k = spec.num_speculative_tokens
-    if k is None or not 1 <= k <= draft.num_speculative_tokens:
+def check_speculative_config(
+    draft_model: str,
+    revision: str | None,
+    target_hf_config: Any,
+    target_name: str,
+    num_speculative_tokens: int | None,
+    pipeline_parallel_size: int = 1,
+) -> DrafterConfig:
+    """Validate drafter, target and speculative config together; return the drafter config.
+
+    ``num_speculative_tokens=None`` (not given yet) skips that one check."""
+    draft = _load(str(draft_model), revision)
+    check_compatible(draft, target_config_of(target_hf_config, target_name))
+    k = num_speculative_tokens
+    if k is not None and not 1 <= k <= draft.num_speculative_tokens:
         raise DFlashConfigError(
             f"field 'num_speculative_tokens' = {k}, but this drafter's block_size is "
             f"{draft.block_size}, so a block holds at most {draft.num_speculative_tokens} "
             f"draft tokens. Fix: set num_speculative_tokens between 1 and "
             f"{draft.num_speculative_tokens}"
         )
-    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+    if pipeline_parallel_size > 1:
         raise DFlashConfigError(
-            "field 'pipeline_parallel_size' = "
-            f"{vllm_config.parallel_config.pipeline_parallel_size}: the vllm-dflash proposer "
-            "needs the target's hidden states on one pipeline stage. Fix: use "
+            f"field 'pipeline_parallel_size' = {pipeline_parallel_size}: the vllm-dflash "
+            "proposer needs the target's hidden states on one pipeline stage. Fix: use "
             "tensor parallelism only, or VLLM_DFLASH_BACKEND=builtin"
         )
     return draft
+
+
+def check_serving_config(vllm_config: VllmConfig) -> DrafterConfig:
+    """The same checks inside the engine, on the resolved config."""
+    spec = vllm_config.speculative_config
+    assert spec is not None and spec.draft_model_config is not None
+    return check_speculative_config(
+        str(spec.draft_model_config.model),
+        spec.draft_model_config.revision,
+        vllm_config.model_config.hf_config,
+        str(vllm_config.model_config.model),
+        spec.num_speculative_tokens,
+        vllm_config.parallel_config.pipeline_parallel_size,
+    )
 
 
 def feature_layers(draft: DrafterConfig) -> tuple[int, ...]:

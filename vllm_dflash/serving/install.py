@@ -2,6 +2,8 @@
 
 * The drafter model class is registered for the ``DFlashDraftModel`` architecture through
   vLLM's public ``ModelRegistry``.
+* The engine-argument parser is wrapped so a dflash speculative config is checked against
+  its target (``drafter_config.check_speculative_config``) before vLLM processes it.
 * vLLM's model runner builds ``DFlashProposer`` from a name bound in its own module
   (``vllm.v1.worker.gpu_model_runner``), and checks ``isinstance(drafter, DFlashProposer)``
   against that same name, so rebinding that one name swaps the proposer everywhere. The
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+ARGS_MODULE = "vllm.engine.arg_utils"
 DRAFTER_CLASS = "vllm_dflash.serving.drafter_model:DFlashDraftModel"
 
 
@@ -30,12 +33,40 @@ def install() -> None:
 
     ModelRegistry.register_model("DFlashDraftModel", DRAFTER_CLASS)
     after_import(RUNNER_MODULE, _swap_proposer)
+    after_import(ARGS_MODULE, _check_before_vllm)
 
 
 def _swap_proposer(runner_module: ModuleType) -> None:
     from vllm_dflash.serving.proposer import DFlashProposer
 
     runner_module.DFlashProposer = DFlashProposer
+
+
+def _check_before_vllm(args_module: ModuleType) -> None:
+    """Validate a dflash speculative config against its target before vLLM processes it."""
+    from vllm_dflash.serving.drafter_config import check_speculative_config
+
+    engine_args = args_module.EngineArgs
+    create = engine_args.create_speculative_config
+    if getattr(create, "_vllm_dflash", False):
+        return
+
+    def create_speculative_config(self, target_model_config, target_parallel_config):
+        spec = {k.replace("-", "_"): v for k, v in (self.speculative_config or {}).items()}
+        model = spec.get("model") or self.spec_model
+        if (spec.get("method") or self.spec_method) == "dflash" and model:
+            check_speculative_config(
+                model,
+                spec.get("revision"),
+                target_model_config.hf_config,
+                str(target_model_config.model),
+                spec.get("num_speculative_tokens") or self.spec_tokens,
+                target_parallel_config.pipeline_parallel_size,
+            )
+        return create(self, target_model_config, target_parallel_config)
+
+    create_speculative_config._vllm_dflash = True  # type: ignore[attr-defined]
+    engine_args.create_speculative_config = create_speculative_config
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
