@@ -3,7 +3,8 @@
 Every output is compared token for token with the same engine without speculation
 (``plain``), and acceptance with the reference engine and with vLLM's built-in dflash on the
 same checkpoint. Our engine has a deliberately small KV cache (48 blocks of 32) so that the
-64-request job is forced to preempt.
+64-request job is forced to preempt, and a small step budget so that long prompts are
+prefilled in chunks.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import random
 import pytest
 from serving_harness import mean_acceptance_length, run_engine
 
+from vllm_dflash.reference.drafter import ReferenceDrafter
 from vllm_dflash.reference.generate import spec_generate, target_generate
+from vllm_dflash.testing.distill import distill
 
 pytestmark = pytest.mark.engine
 MAX_NEW = 37
 K = 7
+CHUNK = 128
 
 
 def _prompts(seed: int, n: int, lo: int, hi: int) -> list[list[int]]:
@@ -55,8 +59,17 @@ def stops(greedy, tokenizer):
 
 
 @pytest.fixture(scope="module")
-def served(target_dir, drafter_dirs, stops, tmp_path_factory):
-    spec = {"method": "dflash", "model": str(drafter_dirs[8]), "num_speculative_tokens": K}
+def drafter_dir(target, drafter_dirs, tmp_path_factory):
+    """The block-8 drafter distilled on the parity prompts, so that it is often accepted:
+    a drafter that is never right would give acceptance ~1 even if fed the wrong context."""
+    return distill(
+        target, drafter_dirs[8], tmp_path_factory.mktemp("distilled") / "b8", PARITY, steps=600
+    )
+
+
+@pytest.fixture(scope="module")
+def served(target_dir, drafter_dir, stops, tmp_path_factory):
+    spec = {"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": K}
     jobs = [
         {"name": "c1", "prompts": PARITY, "max_tokens": MAX_NEW, "concurrency": 1},
         {"name": "c8", "prompts": PARITY, "max_tokens": MAX_NEW, "concurrency": 8},
@@ -77,7 +90,15 @@ def served(target_dir, drafter_dirs, stops, tmp_path_factory):
         },
         {"name": "mixed64", "prompts": MIXED, "max_tokens": MIXED_MAX},
     ]
-    engine = {"block_size": 32, "num_gpu_blocks_override": 48, "enable_prefix_caching": True}
+    engine = {
+        "block_size": 32,
+        "num_gpu_blocks_override": 48,
+        "enable_prefix_caching": True,
+        # A 128-token step budget: the 100-300-token prompts are prefilled in chunks, and
+        # chunks share steps with other requests' decodes.
+        "max_num_batched_tokens": CHUNK,
+        "max_num_seqs": 64,
+    }
     tmp = tmp_path_factory.mktemp("ours")
     return run_engine(tmp, target_dir, jobs, spec, engine=engine)
 
@@ -98,8 +119,8 @@ def plain(target_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def builtin(target_dir, drafter_dirs, tmp_path_factory):
-    spec = {"method": "dflash", "model": str(drafter_dirs[8]), "num_speculative_tokens": K}
+def builtin(target_dir, drafter_dir, tmp_path_factory):
+    spec = {"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": K}
     jobs = [
         {"name": "c1", "prompts": PARITY, "max_tokens": MAX_NEW, "concurrency": 1},
         {"name": "c8", "prompts": PARITY, "max_tokens": MAX_NEW, "concurrency": 8},
@@ -138,21 +159,28 @@ def test_greedy_identical_to_no_speculation(served, plain, greedy, job):
     assert plain["c8"] == [greedy(p, MAX_NEW) for p in PARITY]
 
 
-def test_acceptance_equals_reference_and_builtin(served, builtin, target, drafters):
+def test_acceptance_equals_reference_and_builtin(served, builtin, target, drafter_dir):
     ours, _ = served
     theirs, log = builtin
     assert "VLLM_DFLASH_BACKEND=builtin; vLLM's built-in dflash serves" in log
-    ref = [spec_generate(target, drafters[8], p, MAX_NEW) for p in PARITY]
+    drafter = ReferenceDrafter.load(drafter_dir, target)
+    ref = [spec_generate(target, drafter, p, MAX_NEW) for p in PARITY]
     ref_tau = sum(sum(m + 1 for m in r.accepted) for r in ref) / sum(r.num_steps for r in ref)
+    assert ref_tau > 1.8, "the distilled drafter should be accepted often"
     for job in ("c1", "c8"):
         tau = mean_acceptance_length(ours[job]["spec"])
+        print(
+            f"{job}: ours {tau:.4f}, built-in "  # see with -s
+            f"{mean_acceptance_length(theirs[job]['spec']):.4f}, reference {ref_tau:.4f}"
+        )
         assert tau == pytest.approx(ref_tau, rel=0.02), (job, tau, ref_tau)
         assert tau == pytest.approx(mean_acceptance_length(theirs[job]["spec"]), rel=0.02)
         assert _tokens(theirs[job]) == _tokens(ours[job])
 
 
-def test_prompts_crossing_kv_blocks(served, plain):
+def test_long_prompts_chunked_and_crossing_kv_blocks(served, plain):
     jobs, _ = served
+    assert max(map(len, LONG)) > 2 * CHUNK  # prefilled in at least three chunks
     assert _tokens(jobs["long"]) == plain["long"]
 
 

@@ -17,34 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-def spec_counters(llm: Any) -> dict[str, Any]:
-    """vLLM's own spec-decode and preemption counters, summed over labels."""
-    out: dict[str, Any] = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
-    out["preemptions"] = out["prefix_hits"] = 0
-    names = {
-        "vllm:spec_decode_num_drafts": "drafts",
-        "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-        "vllm:spec_decode_num_accepted_tokens": "accepted",
-        "vllm:num_preemptions": "preemptions",
-        "vllm:prefix_cache_hits": "prefix_hits",
-    }
-    for m in llm.get_metrics():
-        if m.name in names:
-            out[names[m.name]] += int(m.value)
-        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            vals = list(m.values)
-            pad = max(len(vals), len(out["per_pos"]))
-            a = out["per_pos"] + [0] * (pad - len(out["per_pos"]))
-            out["per_pos"] = [x + (vals[i] if i < len(vals) else 0) for i, x in enumerate(a)]
-    return out
-
-
-def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    d = {k: after[k] - before[k] for k in after if k != "per_pos"}
-    prev = before["per_pos"] + [0] * (len(after["per_pos"]) - len(before["per_pos"]))
-    d["per_pos"] = [a - b for a, b in zip(after["per_pos"], prev, strict=True)]
-    return d
+from vllm_dflash.bench.engine_worker import counters_delta, engine_args, spec_counters
 
 
 def run_job(llm: Any, job: dict[str, Any]) -> dict[str, Any]:
@@ -80,7 +53,7 @@ def run_job(llm: Any, job: dict[str, Any]) -> dict[str, Any]:
                 use_tqdm=False,
             )
             results += [_result(o) for o in outs]
-    return {"results": results, "spec": delta(spec_counters(llm), before)}
+    return {"results": results, "spec": counters_delta(spec_counters(llm), before)}
 
 
 def _result(out: Any) -> dict[str, Any]:
@@ -109,15 +82,11 @@ def main(path: str) -> None:
     from vllm import LLM
 
     req = json.loads(Path(path).read_text())
-    engine_args = {
-        "dtype": "float32",
-        "max_model_len": 512,
-        "gpu_memory_utilization": 0.3,
-        "enforce_eager": True,  # torch.compile would add ~90 s to every start on CPU
-        "seed": 0,
-        "disable_log_stats": False,  # the spec-decode counters are read back per job
-    } | req.get("engine", {})
-    llm = LLM(model=req["target"], speculative_config=req.get("speculative_config"), **engine_args)
+    llm = LLM(
+        model=req["target"],
+        speculative_config=req.get("speculative_config"),
+        **engine_args(req.get("engine")),
+    )
     jobs = {job["name"]: run_job(llm, job) for job in req["jobs"]}
     Path(req["out"]).write_text(json.dumps({"jobs": jobs}))
 

@@ -4,8 +4,9 @@ Per step, for a batch of B requests and K draft tokens:
 
 1. The target has just run; the model runner hands us, for every token it computed, the
    concatenated hidden states of the drafter's ``target_layer_ids`` (our hook, see
-   ``load_model``). They are fused and written as context K/V into the drafter's paged cache
-   at the target's own slots (``cad.slot_mapping``), so nothing is recomputed later.
+   ``load_model``). The rows of accepted tokens are fused and written as context K/V into
+   the drafter's paged cache at the target's own slots (``cad.slot_mapping``), so nothing
+   is recomputed later; rows of rejected drafts are dropped first.
 2. The block for request b is ``[last verified token, mask * K]`` at positions
    ``p_b + 1 .. p_b + 1 + K`` where ``p_b`` is the request's last accepted position.
    Rejected positions are rolled back by excluding them from ``seq_lens``; their cache slots
@@ -66,6 +67,7 @@ class DFlashProposer(SpecDecodeBaseProposer):
         self.positions = torch.zeros(max_padded, dtype=torch.int64, device=device)
         self._slot_mapping_buffer = torch.zeros(max_padded, dtype=torch.int64, device=device)
         self._block_offsets = torch.arange(k + 1, dtype=torch.int64, device=device)
+        self._row_index = torch.arange(self.max_num_tokens, dtype=torch.int64, device=device)
         self._query_start = torch.arange(self.max_batch_size + 1, dtype=torch.int32) * (k + 1)
         self.mask_token_id = self.draft.mask_token_id
         # Sampled requests get drafts sampled from the drafter's distribution q plus q itself,
@@ -131,9 +133,18 @@ class DFlashProposer(SpecDecodeBaseProposer):
         n_ctx = target_hidden_states.shape[0]
         self._last_draft_probs = None
 
-        # 1. Context K/V for every position the target just computed.
-        context = self.model.fuse(target_hidden_states)
-        self.model.write_context_kv(context, target_positions[:n_ctx], cad.slot_mapping[:n_ctx])
+        # 1. Context K/V for the positions the target just verified. Rows of rejected drafts
+        # are left out before any work is done on them: with most drafts rejected they are
+        # most of the rows (vLLM's built-in projects them all and lets them be overwritten).
+        rows = self._verified_rows(cad, num_rejected_tokens_gpu, n_ctx)
+        features, positions, slots = (
+            target_hidden_states,
+            target_positions[:n_ctx],
+            cad.slot_mapping[:n_ctx],
+        )
+        if rows is not None:
+            features, positions, slots = features[rows], positions[rows], slots[rows]
+        self.model.write_context_kv(self.model.fuse(features), positions, slots)
 
         # 2. Block inputs: anchor = last verified token, then K masks.
         last = cad.query_start_loc[1 : b + 1].long() - 1
@@ -187,6 +198,21 @@ class DFlashProposer(SpecDecodeBaseProposer):
         if probs is not None:
             self._last_draft_probs = probs.view(b, k, -1)
         return tokens.view(b, k)
+
+    def _verified_rows(
+        self, cad: CommonAttentionMetadata, num_rejected: torch.Tensor | None, n: int
+    ) -> torch.Tensor | None:
+        """Indices of the target rows that were accepted (None: all of them)."""
+        if num_rejected is None:
+            return None
+        b = cad.num_reqs
+        starts = cad.query_start_loc[: b + 1].long()
+        request = torch.repeat_interleave(
+            torch.arange(b, device=starts.device), starts.diff(), output_size=n
+        )
+        ends = starts[1:] - num_rejected[:b]
+        # nonzero() synchronises with a GPU once per step; the rows it saves are worth more.
+        return (self._row_index[:n] < ends[request]).nonzero().squeeze(1)
 
     @override
     @torch.inference_mode()

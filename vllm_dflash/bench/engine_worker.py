@@ -1,0 +1,104 @@
+"""One vLLM engine in its own process, timing passes over a prompt set on command:
+``python -m vllm_dflash.bench.engine_worker request.json``.
+
+The backend (ours / vLLM's built-in dflash / no speculation) is fixed per process by
+``VLLM_DFLASH_BACKEND`` and the request's speculative config, which is why every backend
+runs in a separate process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted",
+    "vllm:num_preemptions": "preemptions",
+    "vllm:prefix_cache_hits": "prefix_hits",
+}
+
+
+def spec_counters(llm: Any) -> dict[str, Any]:
+    """vLLM's own spec-decode, preemption and prefix-cache counters, summed over labels."""
+    out: dict[str, Any] = dict.fromkeys(COUNTERS.values(), 0) | {"per_pos": []}
+    for m in llm.get_metrics():
+        if m.name in COUNTERS:
+            out[COUNTERS[m.name]] += int(m.value)
+        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            vals, acc = list(m.values), out["per_pos"]
+            n = max(len(vals), len(acc))
+            out["per_pos"] = [
+                (acc[i] if i < len(acc) else 0) + (vals[i] if i < len(vals) else 0)
+                for i in range(n)
+            ]
+    return out
+
+
+def counters_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    d = {k: after[k] - before[k] for k in after if k != "per_pos"}
+    prev = before["per_pos"] + [0] * (len(after["per_pos"]) - len(before["per_pos"]))
+    d["per_pos"] = [a - b for a, b in zip(after["per_pos"], prev, strict=True)]
+    return d
+
+
+def engine_args(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Settings that run on a small CPU machine; the request may override any of them."""
+    return {
+        "dtype": "float32",
+        "max_model_len": 512,
+        "gpu_memory_utilization": 0.3,
+        "enforce_eager": True,  # torch.compile adds ~90 s to every start on CPU
+        "seed": 0,
+        "disable_log_stats": False,  # the spec-decode counters are read back
+    } | (overrides or {})
+
+
+def _timed_waves(llm: Any, prompts: list[list[int]], concurrency: int, max_tokens: int):
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    before = spec_counters(llm)
+    outputs: list[list[int]] = []
+    t0 = time.perf_counter()
+    for s in range(0, len(prompts), concurrency):
+        wave = [{"prompt_token_ids": p} for p in prompts[s : s + concurrency]]
+        outputs += [
+            list(o.outputs[0].token_ids) for o in llm.generate(wave, params, use_tqdm=False)
+        ]
+    seconds = time.perf_counter() - t0
+    return outputs, seconds, counters_delta(spec_counters(llm), before)
+
+
+def main(path: str) -> None:
+    """Start the engine, warm it up, then time one pass per command read from stdin.
+
+    Commands are JSON lines ``{"concurrency": c}``; each result goes back as one JSON line
+    on the file descriptor named by ``VLLM_DFLASH_BENCH_FD`` (vLLM logs to stdout). The
+    driver interleaves passes of all backends, so machine noise hits them alike."""
+    from vllm import LLM
+
+    req = json.loads(Path(path).read_text())
+    results = os.fdopen(int(os.environ["VLLM_DFLASH_BENCH_FD"]), "w", buffering=1)
+    llm = LLM(
+        model=req["target"],
+        speculative_config=req.get("speculative_config"),
+        **engine_args(req.get("engine")),
+    )
+    prompts, max_tokens = req["prompts"], req["max_tokens"]
+    _timed_waves(llm, prompts[:8], 2, max_tokens)  # warm-up, excluded
+    results.write(json.dumps({"ready": True}) + "\n")
+    for line in sys.stdin:
+        c = json.loads(line)["concurrency"]
+        outputs, seconds, spec = _timed_waves(llm, prompts, c, max_tokens)
+        run = {"concurrency": c, "seconds": seconds, "outputs": outputs, "spec": spec}
+        results.write(json.dumps(run) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
