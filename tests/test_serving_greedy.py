@@ -2,7 +2,7 @@
 
 Every output is compared token for token with the same engine without speculation
 (``plain``), and acceptance with the reference engine and with vLLM's built-in dflash on the
-same checkpoint. Our engine has a deliberately small KV cache (48 blocks of 32) so that the
+same checkpoint. Our engine has a deliberately small KV cache (24 blocks of 32) so that the
 64-request job is forced to preempt, and a small step budget so that long prompts are
 prefilled in chunks.
 """
@@ -92,7 +92,7 @@ def served(target_dir, drafter_dir, stops, tmp_path_factory):
     ]
     engine = {
         "block_size": 32,
-        "num_gpu_blocks_override": 48,
+        "num_gpu_blocks_override": 24,
         "enable_prefix_caching": True,
         # A 128-token step budget: the 100-300-token prompts are prefilled in chunks, and
         # chunks share steps with other requests' decodes.
@@ -180,7 +180,7 @@ def test_acceptance_equals_reference_and_builtin(served, builtin, target, drafte
 
 def test_long_prompts_chunked_and_crossing_kv_blocks(served, plain):
     jobs, _ = served
-    assert max(map(len, LONG)) > 2 * CHUNK  # prefilled in at least three chunks
+    assert max(map(len, LONG)) > CHUNK  # prefilled in at least two chunks
     assert _tokens(jobs["long"]) == plain["long"]
 
 
