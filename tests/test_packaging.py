@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -19,8 +20,12 @@ VLLM_FREE = [
     "vllm_dflash.reference.generate",
     "vllm_dflash.reference.drafter",
     "vllm_dflash.bench.analytic",
+    "vllm_dflash.bench.compare_backends",
+    "vllm_dflash.bench.engine_worker",
     "vllm_dflash.testing.factory",
     "vllm_dflash.testing.oracles",
+    "vllm_dflash.testing.distill",
+    "vllm_dflash.testing.stats",
     "vllm_dflash.plugin",
 ]
 
@@ -53,15 +58,43 @@ def test_installed_vllm_is_supported():
     assert plugin.version_problem(plugin.installed_vllm_version()) is None
 
 
-def test_vllm_loader_runs_register():
-    """vLLM's own loader finds and runs our entry point (engine logs: test_vllm_builtin)."""
+def _load_plugins(backend: str | None, then: str = "") -> subprocess.CompletedProcess:
     code = (
         "import logging\n"
         "logging.basicConfig(level=logging.INFO)\n"
         "from vllm.plugins import load_general_plugins\n"
-        "load_general_plugins()\n"
+        "load_general_plugins()\n" + then
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    env = {k: v for k, v in os.environ.items() if k != plugin.BACKEND_ENV}
+    if backend is not None:
+        env[plugin.BACKEND_ENV] = backend
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
     )
-    assert "vllm-dflash: serving backend not installed yet" in out.stdout + out.stderr
+
+
+SHOW_PROPOSER = (
+    "import vllm.v1.worker.gpu_model_runner as runner\n"
+    "print('proposer:', runner.DFlashProposer.__module__)\n"
+)
+
+
+def test_vllm_loader_installs_our_proposer_by_default():
+    """vLLM's own loader runs our entry point; the runner then builds our proposer."""
+    out = _load_plugins(None, SHOW_PROPOSER)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "vllm-dflash serves method 'dflash'" in out.stdout + out.stderr
+    assert "proposer: vllm_dflash.serving.proposer" in out.stdout
+
+
+def test_builtin_switch_leaves_vllm_untouched():
+    out = _load_plugins("builtin", SHOW_PROPOSER)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "VLLM_DFLASH_BACKEND=builtin; vLLM's built-in dflash serves" in out.stdout + out.stderr
+    assert "proposer: vllm.v1.spec_decode.dflash" in out.stdout
+
+
+def test_unknown_backend_value_stops_the_start():
+    out = _load_plugins("dlfash")
+    assert out.returncode != 0
+    assert "VLLM_DFLASH_BACKEND='dlfash' is not a backend" in out.stderr
