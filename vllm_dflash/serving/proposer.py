@@ -68,7 +68,7 @@ class DFlashProposer(SpecDecodeBaseProposer):
         self._slot_mapping_buffer = torch.zeros(max_padded, dtype=torch.int64, device=device)
         self._block_offsets = torch.arange(k + 1, dtype=torch.int64, device=device)
         self._row_index = torch.arange(self.max_num_tokens, dtype=torch.int64, device=device)
-        self._query_start = torch.arange(self.max_batch_size + 1, dtype=torch.int32) * (k + 1)
+        self._request_index = torch.arange(self.max_batch_size + 1, dtype=torch.int32)
         self.mask_token_id = self.draft.mask_token_id
         # Sampled requests get drafts sampled from the drafter's distribution q plus q itself,
         # so that the rejection sampler accepts with min(1, p/q) (DESIGN.md section 2) instead
@@ -162,9 +162,10 @@ class DFlashProposer(SpecDecodeBaseProposer):
         blocks = cad.block_table_tensor[:b].gather(1, pos // bs)
         slots = (blocks * bs + pos % bs).reshape(-1)
 
+        query_start = self._request_index[: b + 1] * q  # k may be below the configured K
         block_cad = CommonAttentionMetadata(
-            query_start_loc=self._query_start[: b + 1].to(cad.query_start_loc.device),
-            query_start_loc_cpu=self._query_start[: b + 1],
+            query_start_loc=query_start.to(cad.query_start_loc.device),
+            query_start_loc_cpu=query_start,
             seq_lens=seq_lens + q,
             seq_lens_cpu_upper_bound=(
                 None if cad.seq_lens_cpu_upper_bound is None else cad.seq_lens_cpu_upper_bound + q

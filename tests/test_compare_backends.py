@@ -1,0 +1,40 @@
+"""The backend comparison's arithmetic: best-of tok/s, paired-median ratios, output check."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_dflash.bench.compare_backends import compare, markdown
+
+
+def _pass(seconds: float, outputs=((1, 2, 3, 4),), drafts=2, accepted=3) -> dict:
+    spec = {"drafts": drafts, "accepted": accepted}
+    return {"seconds": seconds, "outputs": [list(o) for o in outputs], "spec": spec}
+
+
+def test_paired_ratios_and_flags():
+    passes = {
+        # round 2 is a slow spell for everyone: the paired ratio ignores it
+        ("dflash", 1): [_pass(1.0), _pass(4.0), _pass(1.0)],
+        ("builtin", 1): [_pass(2.0), _pass(8.0), _pass(2.0)],
+        ("none", 1): [_pass(4.0, drafts=0), _pass(16.0, drafts=0), _pass(4.0, drafts=0)],
+    }
+    rows = {r.backend: r for r in compare(passes, [1])}
+    assert rows["dflash"].tokens_per_s == pytest.approx(4.0)  # best pass: 4 tokens in 1 s
+    assert rows["dflash"].ratio_vs_builtin == pytest.approx(2.0)
+    assert rows["dflash"].speedup_vs_none == pytest.approx(4.0)
+    assert rows["dflash"].acceptance_length == pytest.approx(2.5)
+    assert rows["none"].acceptance_length is None and rows["none"].ratio_vs_builtin is None
+    assert all(r.matches_none for r in rows.values())
+    assert "| dflash | 1 | 4.0 | 2.500 | 4.00× | 2.000 | yes |" in markdown(list(rows.values()))
+
+
+def test_different_output_is_flagged():
+    passes = {
+        ("dflash", 1): [_pass(1.0, outputs=((1, 2, 3, 5),))],
+        ("builtin", 1): [_pass(1.0)],
+        ("none", 1): [_pass(1.0, drafts=0)],
+    }
+    rows = {r.backend: r for r in compare(passes, [1])}
+    assert not rows["dflash"].matches_none and rows["builtin"].matches_none
+    assert "| NO |" in markdown(list(rows.values()))
