@@ -69,7 +69,6 @@ class DFlashProposer(SpecDecodeBaseProposer):
         self._block_offsets = torch.arange(k + 1, dtype=torch.int64, device=device)
         self._row_index = torch.arange(self.max_num_tokens, dtype=torch.int64, device=device)
         self._request_index = torch.arange(self.max_batch_size + 1, dtype=torch.int32)
-        self.mask_token_id = self.draft.mask_token_id
         # Sampled requests get drafts sampled from the drafter's distribution q plus q itself,
         # so that the rejection sampler accepts with min(1, p/q) (DESIGN.md section 2) instead
         # of treating an argmax draft as one-hot. vLLM only does this when asked
@@ -157,7 +156,7 @@ class DFlashProposer(SpecDecodeBaseProposer):
         self.positions[:n_q] = pos.reshape(-1)
         ids = self.input_ids[:n_q].view(b, q)
         ids[:, 0] = next_token_ids[:b]
-        ids[:, 1:] = self.mask_token_id
+        ids[:, 1:] = self.draft.mask_token_id
         bs = self.block_size
         blocks = cad.block_table_tensor[:b].gather(1, pos // bs)
         slots = (blocks * bs + pos % bs).reshape(-1)
