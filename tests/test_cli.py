@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -16,22 +15,6 @@ CLI = Path(sys.executable).with_name("vllm-dflash")
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(CLI), *args], capture_output=True, text=True, timeout=600)
-
-
-def test_demo_prints_measured_numbers(tmp_path):
-    out = _run("demo", "--workdir", str(tmp_path), "--num-prompts", "2", "--max-tokens", "16")
-    assert out.returncode == 0, out.stderr
-    rows = dict(
-        re.split(r"\s{2,}", line.strip(), maxsplit=1)
-        for line in out.stdout.splitlines()
-        if re.search(r"\S\s{2,}\S", line)
-    )
-    assert rows["lossless (greedy, token for token)"] == "yes"
-    assert 1.0 <= float(rows["acceptance length tau"]) <= 8.0
-    for rate in ("target-only decode tok/s", "DFlash decode tok/s"):
-        assert float(rows[rate]) > 0
-    assert rows["speedup (measured)"].endswith("x")
-    assert (tmp_path / "target" / "tokenizer.json").is_file()  # built, not downloaded
 
 
 def test_check_draft_ok(drafter_dirs, target_dir):
@@ -55,3 +38,51 @@ def test_check_draft_reports_bad_field(drafter_dirs, tmp_path):
 def test_help_and_version(args):
     out = _run(*args)
     assert out.returncode == 0 and out.stdout
+
+
+def test_train_and_eval_commands(target_dir, tmp_path):
+    """`train` from a TOML config with a flag on top, then `eval` of its export."""
+    import random
+
+    from vllm_dflash.reference.target import HFTarget
+    from vllm_dflash.testing.distill import write_samples
+
+    rng = random.Random(3)
+    prompts = [[rng.randrange(2, 126) for _ in range(8)] for _ in range(12)]
+    samples = write_samples(HFTarget.from_pretrained(target_dir), prompts, tmp_path / "s.jsonl", 24)
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({"prompt_token_ids": p}) + "\n" for p in prompts[:3]))
+    cfg = tmp_path / "train.toml"
+    cfg.write_text(
+        f'target = "{target_dir}"\ndata = "{samples}"\nout = "{tmp_path / "d"}"\n'
+        f'eval_prompts = "{held}"\nblock_size = 4\nnum_layers = 1\nsteps = 50\n'
+    )
+    out = _run("train", "--config", str(cfg), "--steps", "6", "--eval-num-prompts", "3")
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = json.loads((tmp_path / "d" / "train_log.json").read_text())
+    assert len(log["log"]["loss"]) == 6, "the flag overrides the file"
+    ev = _run(
+        "eval",
+        "--target",
+        str(target_dir),
+        "--draft",
+        str(tmp_path / "d"),
+        "--prompts",
+        str(held),
+        "--max-tokens",
+        "16",
+        "--json",
+        str(tmp_path / "ev.json"),
+    )
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    report = json.loads((tmp_path / "ev.json").read_text())
+    assert report["num_prompts"] == 3 and 1.0 <= report["acceptance_length"] <= 4.0
+    assert len(report["per_position"]) == 3 and "tau =" in ev.stdout
+
+
+def test_train_rejects_bad_config_before_training(target_dir, tmp_path):
+    cfg = tmp_path / "train.json"
+    cfg.write_text(json.dumps({"target": str(target_dir), "data": "x", "out": "y", "lr": "fast"}))
+    out = _run("train", "--config", str(cfg), "--block-size", "1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "field 'lr'" in out.stderr and "field 'block_size'" in out.stderr

@@ -60,8 +60,9 @@ def stops(greedy, tokenizer):
 
 @pytest.fixture(scope="module")
 def drafter_dir(target, drafter_dirs, tmp_path_factory):
-    """The block-8 drafter distilled on the parity prompts, so that it is often accepted:
-    a drafter that is never right would give acceptance ~1 even if fed the wrong context."""
+    """The block-8 drafter trained on the parity prompts by the training pipeline, so that
+    it is often accepted: a drafter that is never right would give acceptance ~1 even if
+    fed the wrong context. Its export is what both our plugin and vLLM's built-in load."""
     return distill(
         target, drafter_dirs[8], tmp_path_factory.mktemp("distilled") / "b8", PARITY, steps=600
     )

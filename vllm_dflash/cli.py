@@ -7,16 +7,20 @@ import sys
 from pathlib import Path
 
 from vllm_dflash import __version__
-from vllm_dflash.errors import DFlashError
+from vllm_dflash.errors import DFlashConfigError, DFlashError
 
 
 def _demo(args: argparse.Namespace) -> int:
     from vllm_dflash.demo import run_demo
 
-    report = run_demo(args.workdir, args.num_prompts, args.max_tokens, args.block_size)
-    print("\nvllm-dflash demo — reference engine, tiny random-weight models (CPU)")
+    report = run_demo(
+        args.workdir, args.num_prompts, args.max_tokens, args.concurrency, args.repeats, args.k
+    )
+    print("\nvllm-dflash demo: the embedded code model served by vLLM (CPU), DFlash vs none")
     print(report.table())
-    return 0 if report.lossless else 1
+    print(f"\nexample (held-out prompt, then the DFlash completion):\n{report.prompt}", end="")
+    print(f"\033[1m{report.completion}\033[0m" if sys.stdout.isatty() else report.completion)
+    return 0 if report.dflash.matches_none else 1
 
 
 def _check_draft(args: argparse.Namespace) -> int:
@@ -42,27 +46,159 @@ def _serve(args: argparse.Namespace) -> int:
     return vllm_cli.run(["serve", *args.vllm_args])
 
 
+def _gen_data(args: argparse.Namespace) -> int:
+    from vllm_dflash.train.gen_data import gen_data
+
+    gen_data(
+        args.target,
+        args.prompts,
+        args.out,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        chunk=args.chunk,
+        strict=args.strict,
+        max_model_len=args.max_model_len,
+        dtype=args.dtype,
+    )
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _train_config(args: argparse.Namespace):
+    from vllm_dflash.train.config import TrainConfig
+
+    fields = {name: getattr(args, name) for name in TrainConfig.model_fields}
+    if isinstance(fields.get("target_layer_ids"), str):
+        fields["target_layer_ids"] = [int(x) for x in fields["target_layer_ids"].split(",")]
+    return TrainConfig.load(args.config, fields)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from vllm_dflash.train.trainer import Trainer
+
+    cfg = _train_config(args)
+    out = Trainer(cfg).run()
+    print(f"drafter written to {out} (log: train_log.json, plot: training.png)")
+    return 0
+
+
+def _capture(args: argparse.Namespace) -> int:
+    from vllm_dflash.train.features import capture
+    from vllm_dflash.train.records import read_samples
+    from vllm_dflash.train.trainer import drafter_config
+
+    cfg = _train_config(args)
+    if cfg.features is None:
+        raise DFlashConfigError("field 'features' is unset. Fix: pass --features DIR")
+    samples = [
+        (
+            str(r.data.get("id", r.id)),
+            (r.data["prompt_token_ids"] + r.data["response_token_ids"])[: cfg.max_seq_len],
+        )
+        for r in read_samples(cfg.data, strict=cfg.strict)
+    ]
+    capture(
+        cfg.target,
+        samples,
+        drafter_config(cfg).target_layer_ids,
+        cfg.features,
+        dtype=args.feature_dtype,
+    )
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from vllm_dflash.bench.acceptance import evaluate
+
+    report = evaluate(
+        args.target,
+        args.draft,
+        args.prompts,
+        block_size=args.block_size,
+        max_new_tokens=args.max_tokens,
+        num_prompts=args.num_prompts,
+        strict=args.strict,
+        json_out=args.json,
+    )
+    print(report.table())
+    return 0
+
+
+def _add_train_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field (values are validated by the pydantic model)."""
+    from vllm_dflash.train.config import TrainConfig
+
+    p.add_argument("--config", type=Path, help="JSON or TOML file with any of the fields below")
+    for name, field in TrainConfig.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        default = "" if field.is_required() else f" (default: {field.default})"
+        text = (field.description or "") + default
+        if field.annotation is bool:
+            p.add_argument(flag, dest=name, nargs="?", const="true", help=text)
+        else:
+            p.add_argument(flag, dest=name, help=text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm-dflash", description=__doc__)
     p.add_argument("--version", action="version", version=f"vllm-dflash {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="measure DFlash vs target-only decoding on tiny models")
-    d.add_argument(
-        "--workdir",
-        default=Path.home() / ".cache" / "vllm-dflash" / "demo",
-        type=Path,
-        help="where the tiny models are built (reused)",
+    d = sub.add_parser(
+        "demo", help="serve the embedded default through vLLM with and without DFlash"
     )
-    d.add_argument("--num-prompts", type=int, default=8)
+    d.add_argument("--workdir", type=Path, help="engine logs (default: a temp dir)")
+    d.add_argument("--num-prompts", type=int, default=16)
     d.add_argument("--max-tokens", type=int, default=64)
-    d.add_argument("--block-size", type=int, default=8)
+    d.add_argument("--concurrency", type=int, default=1)
+    d.add_argument("--repeats", type=int, default=3, help="timed passes per engine")
+    d.add_argument("--k", type=int, help="draft tokens per step (default: block - 1)")
     d.set_defaults(func=_demo)
 
     c = sub.add_parser("check-draft", help="validate a drafter checkpoint (and its target)")
     c.add_argument("draft", help="drafter directory (config.json + model.safetensors)")
     c.add_argument("--target", help="target model directory, to check compatibility")
     c.set_defaults(func=_check_draft)
+
+    g = sub.add_parser("gen-data", help="the target writes training responses (vLLM)")
+    g.add_argument("--target", required=True, help="target model (directory or hub id)")
+    g.add_argument("--prompts", required=True, type=Path, help="prompts JSONL")
+    g.add_argument("--out", required=True, type=Path, help="samples JSONL (resumed if present)")
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0, help="0 = off")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--chunk", type=int, default=256, help="prompts per write (resume unit)")
+    g.add_argument("--strict", action="store_true", help="refuse files with bad lines")
+    g.add_argument("--max-model-len", type=int)
+    g.add_argument("--dtype", default="auto")
+    g.set_defaults(func=_gen_data)
+
+    t = sub.add_parser("train", help="train a DFlash drafter (flags override --config)")
+    _add_train_flags(t)
+    t.set_defaults(func=_train)
+
+    cap = sub.add_parser(
+        "capture", help="write target features to disk for offline training (same flags)"
+    )
+    _add_train_flags(cap)
+    cap.add_argument("--feature-dtype", default="float16", choices=["float16", "float32"])
+    cap.set_defaults(func=_capture)
+
+    e = sub.add_parser("eval", help="acceptance length on prompts (reference engine)")
+    e.add_argument("--target", required=True, type=Path)
+    e.add_argument("--draft", required=True, type=Path)
+    e.add_argument("--prompts", required=True, type=Path, help="prompts JSONL")
+    e.add_argument("--block-size", type=int, help="default: the drafter's block")
+    e.add_argument("--max-tokens", type=int, default=128)
+    e.add_argument("--num-prompts", type=int)
+    e.add_argument("--strict", action="store_true")
+    e.add_argument("--json", type=Path, help="write the report here")
+    e.set_defaults(func=_eval)
 
     s = sub.add_parser(
         "serve",

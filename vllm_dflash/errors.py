@@ -11,3 +11,7 @@ class DFlashConfigError(DFlashError):
 
 class DFlashCheckpointError(DFlashError):
     """A drafter checkpoint is missing, corrupted, or does not match its config."""
+
+
+class DFlashDataError(DFlashError):
+    """A prompt or training-data file is missing or malformed."""

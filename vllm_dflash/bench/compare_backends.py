@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -111,11 +112,13 @@ class Engine:
                 self.proc.wait()
 
 
-def measure(args: argparse.Namespace, prompts, workdir: Path) -> dict[tuple[str, int], list]:
+def measure(
+    args: argparse.Namespace, prompts, workdir: Path, backends: Sequence[str] = BACKENDS
+) -> dict[tuple[str, int], list]:
     """Start every backend, then time them in interleaved rounds: (backend, c) -> passes."""
     engines: list[Engine] = []
     try:
-        for backend in tqdm(BACKENDS, desc="starting engines", unit="engine"):
+        for backend in tqdm(backends, desc="starting engines", unit="engine"):
             engines.append(Engine(backend, args, prompts, workdir))
         passes: dict[tuple[str, int], list[dict]] = {}
         rounds = [(r, c) for r in range(args.repeats) for c in args.concurrency]
@@ -139,9 +142,14 @@ def _paired(runs: list[dict], base: list[dict]) -> float:
     return statistics.median(_tps(r) / _tps(b) for r, b in zip(runs, base, strict=True))
 
 
-def compare(passes: dict[tuple[str, int], list[dict]], concurrency: list[int]) -> list[Row]:
+def compare(
+    passes: dict[tuple[str, int], list[dict]],
+    concurrency: list[int],
+    backends: Sequence[str] = BACKENDS,
+) -> list[Row]:
+    """One row per (backend, concurrency); ``backends`` must include "none"."""
     rows = []
-    for backend in BACKENDS:
+    for backend in backends:
         for c in concurrency:
             runs, none = passes[(backend, c)], passes[("none", c)]
             spec = runs[0]["spec"]
@@ -155,7 +163,7 @@ def compare(passes: dict[tuple[str, int], list[dict]], concurrency: list[int]) -
                     else None,
                     speedup_vs_none=_paired(runs, none),
                     ratio_vs_builtin=None
-                    if backend == "none"
+                    if backend == "none" or "builtin" not in backends
                     else _paired(runs, passes[("builtin", c)]),
                     matches_none=all(r["outputs"] == none[0]["outputs"] for r in runs),
                 )

@@ -45,21 +45,30 @@ class ReferenceDrafter:
     anchor and mask slots are recomputed every step and never stored.
     """
 
-    def __init__(self, model: DFlashDrafter, target: HFTarget):
+    def __init__(self, model: DFlashDrafter, target: HFTarget, block_size: int | None = None):
         self.model = model.eval().requires_grad_(False)
         self.target = target
         self.cfg: DrafterConfig = model.cfg
-        self.block_size = self.cfg.block_size
+        # Serving may draft fewer tokens than the trained block (vLLM's
+        # num_speculative_tokens < block_size - 1): the block is then anchor + fewer masks.
+        self.block_size = block_size or self.cfg.block_size
+        if not 2 <= self.block_size <= self.cfg.block_size:
+            raise ValueError(
+                f"block_size={self.block_size}: must be in [2, {self.cfg.block_size}] "
+                "(the drafter's trained block)"
+            )
         self.feature_layers = self.cfg.target_layer_ids
         self.cache = DrafterKVCache()
 
     @classmethod
-    def load(cls, path: str | Path, target: HFTarget) -> ReferenceDrafter:
+    def load(
+        cls, path: str | Path, target: HFTarget, block_size: int | None = None
+    ) -> ReferenceDrafter:
         ckpt = load_drafter_checkpoint(path)
         check_compatible(ckpt.config, target.config)
         model = DFlashDrafter(ckpt.config)
         model.load_state_dict(ckpt.state_dict, strict=True)
-        return cls(model.to(target.dtype), target)
+        return cls(model.to(target.dtype), target, block_size)
 
     def reset(self) -> None:
         self.cache = DrafterKVCache()

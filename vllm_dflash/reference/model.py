@@ -24,6 +24,11 @@ from torch import nn
 
 from vllm_dflash.config import DrafterConfig
 
+try:  # torch >= 2.5; training uses it for many isolated blocks per sequence
+    from torch.nn.attention.flex_attention import flex_attention
+except ImportError:  # pragma: no cover - older torch: the dense-mask path serves
+    flex_attention = None
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -120,9 +125,12 @@ class DrafterAttention(nn.Module):
         k_blk, v_blk = self.kv(x, cos, sin)
         k = torch.cat([ctx_k, k_blk], dim=2)
         v = torch.cat([ctx_v, v_blk], dim=2)
-        rep = self.n_heads // self.n_kv
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # [b, n, s, d]
+        if hasattr(attn_mask, "mask_mod"):  # a flex-attention BlockMask (training)
+            out = flex_attention(q, k, v, block_mask=attn_mask, enable_gqa=True)
+        else:
+            rep = self.n_heads // self.n_kv
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # [b, n, s, d]
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 

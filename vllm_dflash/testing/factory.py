@@ -22,8 +22,8 @@ from transformers import (
 )
 
 from vllm_dflash.checkpoint import save_drafter_checkpoint
-from vllm_dflash.config import DrafterConfig, default_target_layer_ids
 from vllm_dflash.reference.model import DFlashDrafter
+from vllm_dflash.train.drafter_init import new_drafter_config
 
 EOS = "<|endoftext|>"
 UNK = "<|unk|>"
@@ -115,26 +115,13 @@ def make_drafter(
     """A random DFlash drafter for ``target_dir`` in the z-lab checkpoint format."""
     target = json.loads((Path(target_dir) / "config.json").read_text())
     layers = target["num_hidden_layers"]
-    ids = target_layer_ids or default_target_layer_ids(layers, min(num_layers, layers - 3))
-    cfg = DrafterConfig.from_dict(
-        {
-            "architectures": ["DFlashDraftModel"],
-            "model_type": "qwen3",
-            "hidden_size": target["hidden_size"],
-            "intermediate_size": intermediate_size or target["intermediate_size"],
-            "num_hidden_layers": num_layers,
-            "num_attention_heads": target["num_attention_heads"],
-            "num_key_value_heads": target["num_key_value_heads"],
-            "head_dim": target["head_dim"],
-            "vocab_size": target["vocab_size"],
-            "rms_norm_eps": target.get("rms_norm_eps", 1e-6),
-            "rope_theta": (target.get("rope_parameters") or {}).get("rope_theta", 1e6),
-            "max_position_embeddings": target["max_position_embeddings"],
-            "tie_word_embeddings": False,
-            "block_size": block_size,
-            "num_target_layers": layers,
-            "dflash_config": {"target_layer_ids": ids, "mask_token_id": target["vocab_size"] - 1},
-        }
+    cfg = new_drafter_config(
+        target,
+        block_size=block_size,
+        num_layers=num_layers,
+        num_feature_layers=min(num_layers, layers - 3),
+        target_layer_ids=target_layer_ids,
+        intermediate_size=intermediate_size,
     )
     torch.manual_seed(seed)
     model = DFlashDrafter(cfg)

@@ -1,0 +1,36 @@
+"""`vllm-dflash demo` (what `make demo` runs): the embedded default through real vLLM."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engine
+CLI = Path(sys.executable).with_name("vllm-dflash")
+
+
+def test_demo_serves_the_embedded_default(tmp_path):
+    out = subprocess.run(
+        [str(CLI), "demo", "--workdir", str(tmp_path), "--num-prompts", "4"]
+        + ["--max-tokens", "32", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        for line in out.stdout.splitlines()
+        if re.search(r"\S\s{2,}\S", line)
+    )
+    assert rows["outputs identical (greedy)"] == "yes"
+    assert float(rows["acceptance length tau"]) > 2.0
+    for key in ("no speculation, output tok/s", "DFlash (vllm-dflash), output tok/s"):
+        assert float(rows[key]) > 0
+    assert rows["speedup (paired passes)"].endswith("x")
+    # Served by our plugin, not vLLM's built-in proposer.
+    assert "vllm-dflash serves method 'dflash'" in (tmp_path / "dflash.log").read_text()

@@ -1,0 +1,76 @@
+"""`vllm-dflash gen-data` through a real vLLM engine: the target's own greedy responses,
+resumed after an interrupted run, settings recorded, bad prompt lines reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_dflash.reference.generate import target_generate
+
+pytestmark = pytest.mark.engine
+CLI = Path(sys.executable).with_name("vllm-dflash")
+TEXTS = ["def add(a, b):", "import os", "x = [1, 2", "class A:", "for i in", "while True"]
+MAX = 24
+
+
+def _gen(target_dir, prompts, out) -> subprocess.CompletedProcess:
+    args = [str(CLI), "gen-data", "--target", str(target_dir), "--prompts", str(prompts)]
+    args += ["--out", str(out), "--max-tokens", str(MAX), "--max-model-len", "256"]
+    env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    return subprocess.run(args + ["--dtype", "float32"], capture_output=True, text=True, env=env)
+
+
+def test_gen_data_resumes_and_matches_the_target(target, target_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    eos = tok.eos_token_id
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [json.dumps({"id": f"p{i}", "prompt": t}) for i, t in enumerate(TEXTS)]
+    prompts.write_text("\n".join([lines[0], "{broken", *lines[1:]]) + "\n")
+    sampling = {"max_tokens": MAX, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
+    # A previous run finished p0 and was killed while writing p1.
+    ids0 = tok(TEXTS[0]).input_ids
+    done = {
+        "id": "p0",
+        "prompt_token_ids": ids0,
+        "response_token_ids": target_generate(target, ids0, MAX, stop_token_ids=[eos]).tokens,
+        "sampling": sampling,
+    }
+    out = tmp_path / "samples.jsonl"
+    out.write_text(json.dumps(done) + "\n" + '{"id": "p1", "prompt_tok')
+
+    run = _gen(target_dir, prompts, out)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "line 2: not valid JSON" in run.stderr
+    assert "6 prompts, 1 already in" in run.stdout
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert recs[0] == done, "finished work is kept as it was"
+    assert sorted(r["id"] for r in recs) == [f"p{i}" for i in range(6)]
+    for r in recs[1:]:
+        i = int(r["id"][1:])
+        assert r["prompt_token_ids"] == tok(TEXTS[i]).input_ids
+        # The target itself wrote it: vLLM greedy equals the reference target, token for token.
+        ref = target_generate(target, r["prompt_token_ids"], MAX, stop_token_ids=[eos])
+        assert r["response_token_ids"] == ref.tokens
+        assert r["finish_reason"] == ref.stop_reason and r["sampling"] == sampling
+        assert r["response"] == tok.decode(ref.tokens, skip_special_tokens=True)
+
+    again = _gen(target_dir, prompts, out)
+    assert again.returncode == 0 and "6 prompts, 6 already in" in again.stdout
+    assert [json.loads(line) for line in out.read_text().splitlines()] == recs
+
+
+def test_gen_data_refuses_to_mix_sampling_settings(target_dir, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt": "x"}) + "\n")
+    out = tmp_path / "samples.jsonl"
+    out.write_text(json.dumps({"id": "a", "sampling": {"temperature": 1.0}}) + "\n")
+    run = _gen(target_dir, prompts, out)
+    assert run.returncode == 2 and "line 1 was generated with sampling" in run.stderr

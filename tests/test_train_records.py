@@ -1,0 +1,78 @@
+"""Prompt and sample files: bad lines reported by number, skipped or refused; encoding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from vllm_dflash.errors import DFlashDataError
+from vllm_dflash.train.records import encode_prompt, read_prompts, read_samples
+
+LINES = [
+    json.dumps({"id": "a", "prompt": "def f():"}),
+    "",
+    "{not json",
+    json.dumps({"prompt": ""}),
+    json.dumps([1, 2]),
+    json.dumps({"messages": [{"role": "user", "content": "hi"}]}),
+    json.dumps({"prompt_token_ids": [5, 6]}),
+]
+
+
+def test_bad_prompt_lines_are_reported_and_skipped(tmp_path, capsys):
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(LINES) + "\n")
+    recs = read_prompts(f)
+    assert [r.line for r in recs] == [1, 6, 7]
+    err = capsys.readouterr().err
+    assert "skipping 4 bad line(s)" in err
+    for n, what in [(2, "empty line"), (3, "not valid JSON"), (4, '"prompt"'), (5, "object")]:
+        assert f"line {n}: " in err and what in err
+    assert recs[0].id == "a" and len({r.id for r in recs}) == 3
+
+
+def test_strict_refuses_the_file_naming_every_bad_line(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(LINES) + "\n")
+    with pytest.raises(DFlashDataError) as e:
+        read_prompts(f, strict=True)
+    msg = str(e.value)
+    assert all(f"line {n}:" in msg for n in (2, 3, 4, 5)) and "Fix:" in msg
+
+
+def test_samples_need_token_ids_and_a_response(tmp_path):
+    f = tmp_path / "s.jsonl"
+    good = {"id": 1, "prompt_token_ids": [1, 2], "response_token_ids": [3]}
+    f.write_text(
+        json.dumps(good)
+        + "\n"
+        + json.dumps(good | {"response_token_ids": []})
+        + "\n"
+        + json.dumps({"prompt": "x"})
+        + "\n"
+    )
+    with pytest.raises(DFlashDataError, match=r"line 2: .*empty.*\n.*line 3: .*gen-data"):
+        read_samples(f, strict=True)
+    assert len(read_samples(f)) == 1
+
+
+def test_missing_and_useless_files(tmp_path):
+    with pytest.raises(DFlashDataError, match="not found"):
+        read_prompts(tmp_path / "nope.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(DFlashDataError, match="no usable prompts"):
+        read_prompts(tmp_path / "empty.jsonl")
+
+
+def test_encode_prompt_uses_the_chat_template_when_there_is_one(target_dir, tmp_path):
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    assert encode_prompt(tok, {"prompt": "abc"}) == tok("abc").input_ids
+    assert encode_prompt(tok, {"prompt_token_ids": [7, 8]}) == [7, 8]
+    with pytest.raises(DFlashDataError, match="no chat template"):
+        encode_prompt(tok, {"messages": [{"role": "user", "content": "a"}]})
+    tok.chat_template = "{% for m in messages %}<{{ m.content }}>{% endfor %}"
+    assert encode_prompt(tok, {"prompt": "abc"}) == tok("<abc>").input_ids
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    assert encode_prompt(tok, {"messages": msgs}) == tok("<a><b>").input_ids

@@ -1,0 +1,180 @@
+"""The trainer on the tiny factory target: it learns, freezes what it must, resumes exactly,
+reads offline features like online ones, and refuses bad configs before any step."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from vllm_dflash.bench.acceptance import measure
+from vllm_dflash.checkpoint import load_drafter_checkpoint
+from vllm_dflash.errors import DFlashConfigError, DFlashDataError
+from vllm_dflash.reference.drafter import ReferenceDrafter
+from vllm_dflash.testing.distill import write_samples
+from vllm_dflash.testing.factory import make_drafter, make_target
+from vllm_dflash.train.config import TrainConfig
+from vllm_dflash.train.features import OfflineFeatures, capture, target_features
+from vllm_dflash.train.trainer import Trainer
+
+
+def _prompts(seed: int, n: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 126) for _ in range(rng.randint(6, 20))] for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def data(target, tmp_path_factory):
+    """Self-distilled samples for 200 training prompts, and 8 held-out prompts."""
+    root = tmp_path_factory.mktemp("train-data")
+    samples = write_samples(target, _prompts(0, 200), root / "samples.jsonl", 48)
+    held = root / "held_out.jsonl"
+    held.write_text("".join(json.dumps({"prompt_token_ids": p}) + "\n" for p in _prompts(1, 8)))
+    return samples, held
+
+
+def _cfg(target_dir, data, out, **kw) -> TrainConfig:
+    samples, held = data
+    base = {
+        "target": target_dir,
+        "data": samples,
+        "out": out,
+        "eval_prompts": held,
+        "eval_num_prompts": 8,
+        "eval_max_tokens": 32,
+        "block_size": 8,
+        "num_layers": 2,
+        "num_feature_layers": 5,
+        "batch_size": 4,
+        "blocks_per_seq": 8,
+        "lr": 3e-3,
+        "warmup_steps": 5,
+        "eval_every": 0,
+        "save_every": 0,
+    }
+    return TrainConfig.load(None, base | kw)
+
+
+def test_short_run_lowers_loss_and_beats_random_init(target, target_dir, data, tmp_path):
+    tr = Trainer(_cfg(target_dir, data, tmp_path / "run", steps=400, eval_every=200, batch_size=8))
+    before = tr.evaluate().acceptance_length  # the random-init drafter, same prompts
+    out = tr.run()
+    loss = tr.log["loss"]
+    assert sum(loss[-20:]) / 20 < 0.6 * sum(loss[:20]) / 20
+    after = tr.log["eval"][-1]["tau"]
+    assert after > before + 0.3, (before, after)
+    assert [e["step"] for e in tr.log["eval"]] == [0, 200, 400]
+    # The export is a z-lab checkpoint the reference engine loads and reproduces.
+    drafter = ReferenceDrafter.load(out, target)
+    prompts = [json.loads(line)["prompt_token_ids"] for line in data[1].read_text().splitlines()]
+    assert measure(target, drafter, prompts, 32).acceptance_length == pytest.approx(after)
+    assert (out / "training.png").stat().st_size > 0
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["gamma"] == 4.0 and len(log["log"]["loss"]) == 400
+
+
+def test_step_updates_drafter_only(target_dir, data, tmp_path):
+    tr = Trainer(_cfg(target_dir, data, tmp_path / "run", steps=3))
+    frozen = {k: v.clone() for k, v in tr.target.model.state_dict().items()}
+    trained = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    tr.train_step()
+    for k, v in tr.target.model.state_dict().items():
+        assert torch.equal(v, frozen[k]), f"target parameter {k} changed"
+    assert all(p.grad is None for p in tr.target.model.parameters())
+    changed = [k for k, v in tr.model.state_dict().items() if not torch.equal(v, trained[k])]
+    assert "fc.weight" in changed and "layers.0.self_attn.k_proj.weight" in changed
+    # Embedding and LM head are the target's: the checkpoint does not store them.
+    keys = load_drafter_checkpoint(tr.export()).state_dict
+    assert not any("embed" in k or "lm_head" in k for k in keys)
+
+
+def test_resume_continues_the_same_loss_curve(target_dir, data, tmp_path):
+    straight = Trainer(_cfg(target_dir, data, tmp_path / "a", steps=8, save_every=4))
+    straight.run()
+    first = Trainer(_cfg(target_dir, data, tmp_path / "b", steps=8, save_every=4))
+    first.run(until=4)
+    resumed = Trainer(_cfg(target_dir, data, tmp_path / "b", steps=8, save_every=4, resume=True))
+    assert resumed.step == 4
+    resumed.run()
+    assert resumed.log["loss"] == straight.log["loss"]
+    a = load_drafter_checkpoint(tmp_path / "a").state_dict
+    b = load_drafter_checkpoint(tmp_path / "b").state_dict
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_refuses_changed_settings(target_dir, data, tmp_path):
+    Trainer(_cfg(target_dir, data, tmp_path / "r", steps=2)).run()
+    with pytest.raises(DFlashConfigError, match=r"\['lr'\]"):
+        Trainer(_cfg(target_dir, data, tmp_path / "r", steps=2, lr=1e-3, resume=True))
+    with pytest.raises(DFlashConfigError, match="does not exist"):
+        Trainer(_cfg(target_dir, data, tmp_path / "none", resume=True))
+
+
+def test_offline_features_equal_online(target, target_dir, data, tmp_path, capsys):
+    cfg = _cfg(target_dir, data, tmp_path / "on", steps=3)
+    online = Trainer(cfg)
+    samples = [(s.id, s.ids) for s in online.samples]
+    feats_dir = capture(target_dir, samples, online.layers, tmp_path / "feats", dtype="float32")
+    tokens = sum(len(ids) for _, ids in samples)
+    size = tokens * 5 * 64 * 4
+    printed = capsys.readouterr().out
+    assert f"{tokens} tokens x 5 layers x 64 x 4 B = {size / 2**20:.1f} MiB" in printed
+    offline_store = OfflineFeatures(feats_dir)
+    for sid, ids in samples[:5]:
+        ref = target_features(target.model, torch.tensor([ids]), online.layers)[0]
+        torch.testing.assert_close(offline_store.get(sid), ref, atol=1e-5, rtol=1e-5)
+    offline = Trainer(_cfg(target_dir, data, tmp_path / "off", steps=3, features=feats_dir))
+    for _ in range(3):
+        a, _ = online.train_step()
+        b, _ = offline.train_step()
+        assert a == pytest.approx(b, rel=1e-4)
+
+
+def test_offline_features_must_match_the_layers(target_dir, data, tmp_path):
+    tr = Trainer(_cfg(target_dir, data, tmp_path / "on", steps=1))
+    feats = capture(target_dir, [(s.id, s.ids) for s in tr.samples], [1, 2], tmp_path / "f")
+    with pytest.raises(DFlashDataError, match=r"target layers \[1, 2\]"):
+        Trainer(_cfg(target_dir, data, tmp_path / "off", features=feats))
+
+
+def test_options_run(target_dir, data, tmp_path):
+    """bf16 autocast, gradient accumulation, grid anchors, no decay, 1 feature layer."""
+    tr = Trainer(
+        _cfg(
+            target_dir,
+            data,
+            tmp_path / "o",
+            steps=2,
+            dtype="bf16",
+            grad_accum=2,
+            anchors="grid",
+            loss_decay=False,
+            num_feature_layers=1,
+        )
+    )
+    assert torch.equal(tr.weights, torch.ones(7)) and tr.layers == [4]
+    loss, _ = tr.train_step()
+    assert 0 < loss < 20
+
+
+def test_incompatible_drafter_fails_before_training(target_dir, data, tmp_path):
+    other = make_target(tmp_path / "other", hidden_size=96, num_heads=3, num_kv_heads=1)
+    foreign = make_drafter(tmp_path / "foreign", other)
+    with pytest.raises(DFlashConfigError, match="hidden_size"):
+        Trainer(_cfg(target_dir, data, tmp_path / "x", init_from=foreign))
+    with pytest.raises(DFlashConfigError, match="target_layer_ids"):
+        Trainer(_cfg(target_dir, data, tmp_path / "x", target_layer_ids=[1, 9]))
+    with pytest.raises(DFlashConfigError, match="too shallow"):
+        Trainer(_cfg(target_dir, data, tmp_path / "x", num_feature_layers=8))
+    with pytest.raises(DFlashConfigError, match="needs a GPU"):
+        Trainer(_cfg(target_dir, data, tmp_path / "x", attention="flex"))
+    assert not (tmp_path / "x").exists(), "nothing written before the checks pass"
+
+
+def test_config_errors_name_the_field(target_dir, data, tmp_path):
+    with pytest.raises(DFlashConfigError, match="field 'block_sise'"):
+        _cfg(target_dir, data, tmp_path, block_sise=8)
+    with pytest.raises(DFlashConfigError, match="field 'lr'"):
+        _cfg(target_dir, data, tmp_path, lr=-1)

@@ -1,0 +1,26 @@
+"""The embedded default: a tiny code-completion target and its DFlash drafter, shipped in the
+package so that the demo, the benchmarks and a first `vllm serve` need no download.
+
+Built by ``tools/embedded_default/build.sh`` (see BUILD.md next to this file): the target is
+a small Qwen3 trained on the Python standard library's own source, the drafter is trained
+for it by ``vllm-dflash train`` on the target's own completions. ``heldout_prompts.jsonl``
+comes from stdlib files neither model was trained on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).parent
+TARGET = ROOT / "code-target"
+DRAFTER = ROOT / "code-drafter-b16"
+HELDOUT_PROMPTS = ROOT / "heldout_prompts.jsonl"
+
+
+def check_installed() -> None:
+    missing = [p for p in (TARGET, DRAFTER, HELDOUT_PROMPTS) if not p.exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"embedded default incomplete, missing {[str(p) for p in missing]}; reinstall "
+            "vllm-dflash or rebuild with tools/embedded_default/build.sh"
+        )

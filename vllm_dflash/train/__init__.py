@@ -1,0 +1,1 @@
+"""Training pipeline: gen-data, feature capture, anchors, loss, trainer."""
