@@ -146,3 +146,38 @@ def test_blocks_are_isolated_and_see_only_their_context():
     out = run(f2, e2)
     torch.testing.assert_close(out[0, :4], base[0, :4])
     assert not torch.allclose(out[0, 4:], base[0, 4:])
+
+
+def test_many_blocks_in_one_forward_equal_drafting_each_alone():
+    """Training sees what serving sees: every block of the masked multi-block forward equals
+    the drafter run on that block alone, with the context K/V of positions < its anchor and
+    no mask (the reference engine's drafting step)."""
+    target = {
+        "num_hidden_layers": 8,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 50,
+        "max_position_embeddings": 512,
+    }
+    block = 8
+    cfg = new_drafter_config(target, block_size=block, num_layers=2, num_feature_layers=3)
+    torch.manual_seed(0)
+    model = DFlashDrafter(cfg).eval()
+    T = 60
+    seqs = torch.randint(0, 49, (1, T))
+    anchors = torch.tensor([[3, 17, 18, 40, 58]])
+    ids, pos, _ = blocks.block_inputs(seqs, anchors, block, mask_id=49)
+    emb = torch.nn.Embedding(50, 64)
+    feats = torch.randn(1, T, cfg.feature_size)
+    with torch.no_grad():
+        ctx_kv = model.context_kv(feats, torch.arange(T)[None])
+        mask = blocks.dense_block_mask(anchors, T, block)
+        together = model.forward_block(emb(ids), pos, ctx_kv, attn_mask=mask)
+        for i, a in enumerate(anchors[0].tolist()):
+            alone_kv = model.context_kv(feats[:, :a], torch.arange(a)[None])
+            sl = slice(i * block, (i + 1) * block)
+            alone = model.forward_block(emb(ids[:, sl]), pos[:, sl], alone_kv)
+            torch.testing.assert_close(together[:, sl], alone, atol=1e-5, rtol=1e-5)

@@ -1,6 +1,6 @@
 """Ablations of the training recipe at equal budget on the embedded default's target.
 
-    python tools/embedded_default/ablate.py --steps 800 --jobs 2 --out build/ablation
+    python tools/embedded_default/ablate.py --steps 600 --jobs 2 --out build/ablation
 
 Every variant trains a block-8 drafter from the same seed, data and number of steps, then
 is evaluated greedy on the held-out prompts with the reference engine. Variants: the full
@@ -55,7 +55,7 @@ def run(name: str, extra: list[str], args: argparse.Namespace) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("build/ablation"))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rebuild the embedded default (vllm_dflash/assets/) from nothing but the Python 3.11
-# standard library. About 1 h on 2 CPU cores; every step is seeded.
+# standard library. About 1.5 h on 2 CPU cores; every step is seeded.
 #
 #   tools/embedded_default/build.sh            # then review and commit vllm_dflash/assets/
 #
