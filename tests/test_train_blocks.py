@@ -11,6 +11,18 @@ from vllm_dflash.reference.model import DFlashDrafter
 from vllm_dflash.train import blocks
 from vllm_dflash.train.drafter_init import new_drafter_config
 
+# A tiny Qwen3 target config, enough to size a drafter.
+TINY_TARGET = {
+    "num_hidden_layers": 8,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 50,
+    "max_position_embeddings": 512,
+}
+
 
 @pytest.mark.parametrize("mode", ["random", "grid"])
 def test_anchors_lie_in_the_response_and_have_labels(mode):
@@ -82,17 +94,7 @@ def test_flex_mask_mod_matches_brute_force():
 @pytest.mark.parametrize("block", [4, 8])
 def test_flex_and_dense_drafter_forward_agree(block):
     """The same blocks through the drafter with either mask: equal outputs."""
-    target = {
-        "num_hidden_layers": 8,
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "vocab_size": 50,
-        "max_position_embeddings": 512,
-    }
-    cfg = new_drafter_config(target, block_size=block, num_layers=2, num_feature_layers=3)
+    cfg = new_drafter_config(TINY_TARGET, block_size=block, num_layers=2, num_feature_layers=3)
     torch.manual_seed(0)
     model = DFlashDrafter(cfg).eval()
     b, T, n = 2, 40, 3
@@ -114,17 +116,7 @@ def test_flex_and_dense_drafter_forward_agree(block):
 def test_blocks_are_isolated_and_see_only_their_context():
     """Changing a token in one block, or context at/after its anchor, leaves the other
     block's output unchanged (the mask is not only well-formed but effective)."""
-    target = {
-        "num_hidden_layers": 8,
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "vocab_size": 50,
-        "max_position_embeddings": 512,
-    }
-    cfg = new_drafter_config(target, block_size=4, num_layers=2, num_feature_layers=3)
+    cfg = new_drafter_config(TINY_TARGET, block_size=4, num_layers=2, num_feature_layers=3)
     torch.manual_seed(0)
     model = DFlashDrafter(cfg).eval()
     T, anchors = 30, torch.tensor([[5, 20]])
@@ -152,18 +144,8 @@ def test_many_blocks_in_one_forward_equal_drafting_each_alone():
     """Training sees what serving sees: every block of the masked multi-block forward equals
     the drafter run on that block alone, with the context K/V of positions < its anchor and
     no mask (the reference engine's drafting step)."""
-    target = {
-        "num_hidden_layers": 8,
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "vocab_size": 50,
-        "max_position_embeddings": 512,
-    }
     block = 8
-    cfg = new_drafter_config(target, block_size=block, num_layers=2, num_feature_layers=3)
+    cfg = new_drafter_config(TINY_TARGET, block_size=block, num_layers=2, num_feature_layers=3)
     torch.manual_seed(0)
     model = DFlashDrafter(cfg).eval()
     T = 60
