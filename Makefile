@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # pytest-xdist workers: this machine has 2 cores, and the tests pin torch to one thread.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install demo test test-fast lint format clean
+.PHONY: install demo test test-fast lint format dashboard clean
 
 install: $(STAMP)
 
@@ -32,6 +32,9 @@ test-fast: $(STAMP) lint
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+dashboard: $(STAMP)
+	$(PY) -m vllm_dflash.observability.dashboard
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

@@ -36,6 +36,9 @@ VLLM_FREE = [
     "vllm_dflash.testing.distill",
     "vllm_dflash.testing.stats",
     "vllm_dflash.plugin",
+    "vllm_dflash.observability.names",
+    "vllm_dflash.observability.baseline",
+    "vllm_dflash.observability.dashboard",
 ]
 
 
@@ -51,6 +54,8 @@ def test_core_modules_do_not_import_vllm():
 def test_entry_points_are_declared():
     plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
     assert plugins.get("dflash") == "vllm_dflash.plugin:register"
+    loggers = {e.name: e.value for e in entry_points(group="vllm.stat_logger_plugins")}
+    assert loggers.get("dflash") == "vllm_dflash.serving.stat_logger:DFlashStatLogger"
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
     assert scripts["vllm-dflash"] == "vllm_dflash.cli:main"
 

@@ -58,10 +58,14 @@ def selected_backend() -> str:
 
 def register() -> None:
     backend = selected_backend()  # a typo here must stop the start, not be ignored
+    problem = version_problem(installed_vllm_version())
+    if not problem:
+        from vllm_dflash.serving import step_stats
+
+        step_stats.install()  # our metrics, whichever implementation serves
     if backend == "builtin":
         logger.info("vllm-dflash: %s=builtin; vLLM's built-in dflash serves.", BACKEND_ENV)
         return
-    problem = version_problem(installed_vllm_version())
     if problem:
         logger.warning("vllm-dflash: %s; leaving vLLM's built-in dflash in place.", problem)
         return

@@ -70,10 +70,12 @@ def _check_before_vllm(args_module: ModuleType) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback(module)`` once ``name`` has been executed by the normal import."""
+    """Runs each callback with the module once ``name`` has been executed by the normal
+    import."""
 
-    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
-        self.name, self.callback = name, callback
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.callbacks: list[Callable[[ModuleType], None]] = []
 
     def find_spec(self, fullname, path, target=None):  # noqa: ANN001 - importlib protocol
         if fullname != self.name:
@@ -86,14 +88,23 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_then_call(module: ModuleType) -> None:
             run(module)
-            self.callback(module)
+            for callback in self.callbacks:
+                callback(module)
 
         spec.loader.exec_module = exec_then_call  # type: ignore[method-assign]
         return spec
 
 
 def after_import(name: str, callback: Callable[[ModuleType], None]) -> None:
+    """``callback(module)`` now if ``name`` is imported, else right after its import.
+    Callbacks must be idempotent: a second registration of the same one is not dropped."""
     if name in sys.modules:
         callback(sys.modules[name])
-    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(name, callback))
+        return
+    finders = (f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == name)
+    finder = next(finders, None)
+    if finder is None:
+        finder = _AfterImport(name)
+        sys.meta_path.insert(0, finder)
+    if callback not in finder.callbacks:
+        finder.callbacks.append(callback)
