@@ -108,6 +108,13 @@ def test_builtin_switch_leaves_vllm_untouched():
     assert "proposer: vllm.v1.spec_decode.dflash" in out.stdout
 
 
+def test_bad_metrics_setting_stops_the_start(monkeypatch):
+    monkeypatch.setenv("VLLM_DFLASH_BASELINE_EVERY", "-1")
+    out = _load_plugins(None)
+    assert out.returncode != 0
+    assert "VLLM_DFLASH_BASELINE_EVERY='-1'" in out.stderr and "Fix:" in out.stderr
+
+
 def test_unknown_backend_value_stops_the_start():
     out = _load_plugins("dlfash")
     assert out.returncode != 0

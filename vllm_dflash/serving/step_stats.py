@@ -37,6 +37,7 @@ STATS_MODULE = "vllm.v1.metrics.stats"
 
 
 def install() -> None:
+    MetricsSettings.from_env()  # a bad VLLM_DFLASH_* value stops the start, naming it
     after_import(STATS_MODULE, _add_stats_field)
     after_import(RUNNER_MODULE, _time_runner)
     after_import(SCHEDULER_MODULE, _hook_scheduler)
