@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_dflash.bench.compare_backends import compare, markdown
+from vllm_dflash.bench.compare_backends import compare, markdown, percentiles_ms
 
 
 def _pass(seconds: float, outputs=((1, 2, 3, 4),), drafts=2, accepted=3) -> dict:
@@ -26,7 +26,8 @@ def test_paired_ratios_and_flags():
     assert rows["dflash"].acceptance_length == pytest.approx(2.5)
     assert rows["none"].acceptance_length is None and rows["none"].ratio_vs_builtin is None
     assert all(r.matches_none for r in rows.values())
-    assert "| dflash | 1 | 4.0 | 2.500 | 4.00× | 2.000 | yes |" in markdown(list(rows.values()))
+    table = markdown(list(rows.values()))
+    assert "| dflash | 1 | 4.0 | 2.500 | 4.00× | 2.000 | – | – | yes |" in table
 
 
 def test_different_output_is_flagged():
@@ -38,3 +39,16 @@ def test_different_output_is_flagged():
     rows = {r.backend: r for r in compare(passes, [1])}
     assert not rows["dflash"].matches_none and rows["builtin"].matches_none
     assert "| NO |" in markdown(list(rows.values()))
+
+
+def test_latency_percentiles_pool_every_pass():
+    ttft = [0.010, 0.020, 0.030, 0.040, 0.050, 0.060, 0.070, 0.080, 0.090, 0.100]
+    p1 = _pass(1.0) | {"ttft": ttft[:5], "tpot": [0.004]}
+    p2 = _pass(1.0) | {"ttft": ttft[5:], "tpot": [0.006]}
+    passes = {("dflash", 1): [p1, p2], ("none", 1): [_pass(2.0, drafts=0)] * 2}
+    rows = {r.backend: r for r in compare(passes, [1], ("dflash", "none"))}
+    assert rows["dflash"].ttft_ms == pytest.approx((60.0, 100.0, 100.0))
+    assert rows["dflash"].tpot_ms == pytest.approx((6.0, 6.0, 6.0))
+    assert rows["none"].ttft_ms is None
+    assert "| 60.0 / 100.0 | 6.0 / 6.0 |" in markdown(list(rows.values()))
+    assert percentiles_ms([]) is None

@@ -158,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--k", type=int, help="draft tokens per step (default: block - 1)")
     d.set_defaults(func=_demo)
 
+    from vllm_dflash.bench import run as bench_run
+
+    bench_run.add_parser(sub)
+
     c = sub.add_parser("check-draft", help="validate a drafter checkpoint (and its target)")
     c.add_argument("draft", help="drafter directory (config.json + model.safetensors)")
     c.add_argument("--target", help="target model directory, to check compatibility")

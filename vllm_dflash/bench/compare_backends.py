@@ -1,15 +1,12 @@
-"""Ours vs vLLM's built-in dflash vs no speculation, on the same prompts, in one run.
-
-    python -m vllm_dflash.bench.compare_backends [--target T --draft D] \\
-        --concurrency 1,4,16 --num-prompts 16 --max-tokens 64 [--json out.json]
+"""Ours vs vLLM's built-in dflash vs no speculation, on the same prompts, in one run: the
+machinery behind ``vllm-dflash bench`` (``bench/run.py``) and ``vllm-dflash demo``.
 
 Each backend is a real vLLM engine in its own process (the plugin switch is per process).
 Greedy requests, the same prompts for every backend, a warm-up pass excluded. All engines
 are started first; then each round times one pass of every backend back to back
-(alternating the order). tok/s is the best of ``--repeats`` passes; the ratios ("vs none",
-"vs built-in") are medians over rounds of the ratio within a round.
-Without --target/--draft, a tiny random target is built and a drafter is distilled on its
-outputs for the benchmark prompts (vllm_dflash/testing/distill.py), so it is often right.
+(alternating the order). tok/s is the best of the passes; the ratios ("vs none",
+"vs built-in") are medians over rounds of the ratio within a round; TTFT and TPOT
+percentiles pool every request of every timed pass.
 """
 
 from __future__ import annotations
@@ -17,16 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
+
+from vllm_dflash.errors import DFlashError
 
 BACKENDS = ("dflash", "builtin", "none")
 
@@ -40,11 +37,27 @@ class Row:
     speedup_vs_none: float
     ratio_vs_builtin: float | None
     matches_none: bool
+    ttft_ms: tuple[float, float, float] | None = None  # p50, p90, p99
+    tpot_ms: tuple[float, float, float] | None = None
 
 
-def random_prompts(vocab: int, n: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(2, vocab - 1) for _ in range(rng.randint(16, 64))] for _ in range(n)]
+def percentiles_ms(values: list[float]) -> tuple[float, float, float] | None:
+    """p50, p90, p99 in milliseconds (nearest rank); None without values."""
+    if not values:
+        return None
+    v = sorted(values)
+    return tuple(1e3 * v[min(len(v) - 1, int(q * len(v)))] for q in (0.5, 0.9, 0.99))
+
+
+class EngineFailed(DFlashError):
+    """An engine process died (at start or while timing); names its log and last error.
+    The CLI prints it as an error and exits 2 (``vllm-dflash bench`` and ``demo``)."""
+
+    def __init__(self, backend: str, code: int | None, log: Path) -> None:
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        errors = [x for x in lines if "Error" in x or "error:" in x]
+        last = (errors or lines or ["<empty log>"])[-1].strip()
+        super().__init__(f"the {backend} engine failed (exit {code}): {last}\n  full log: {log}")
 
 
 class Engine:
@@ -92,9 +105,7 @@ class Engine:
         line = self.results.readline()
         if not line:
             self.proc.wait()
-            raise SystemExit(
-                f"{self.backend} engine failed (exit {self.proc.returncode}); see {self.log}"
-            )
+            raise EngineFailed(self.backend, self.proc.returncode, self.log)
         return json.loads(line)
 
     def run(self, concurrency: int) -> dict:
@@ -166,6 +177,8 @@ def compare(
                     if backend == "none" or "builtin" not in backends
                     else _paired(runs, passes[("builtin", c)]),
                     matches_none=all(r["outputs"] == none[0]["outputs"] for r in runs),
+                    ttft_ms=percentiles_ms([t for r in runs for t in r.get("ttft", ())]),
+                    tpot_ms=percentiles_ms([t for r in runs for t in r.get("tpot", ())]),
                 )
             )
     return rows
@@ -175,70 +188,19 @@ def markdown(rows: list[Row]) -> str:
     def f(x, fmt):
         return "–" if x is None else format(x, fmt)
 
+    def pct(p):
+        return "–" if p is None else f"{p[0]:.1f} / {p[1]:.1f}"
+
     lines = [
         "| backend | concurrency | output tok/s | acceptance length | vs none | vs built-in "
-        "| greedy = none |",
-        "|---|---:|---:|---:|---:|---:|:---:|",
+        "| TTFT p50 / p90 ms | TPOT p50 / p90 ms | greedy = none |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r.backend} | {r.concurrency} | {r.tokens_per_s:.1f} | "
             f"{f(r.acceptance_length, '.3f')} | {r.speedup_vs_none:.2f}× | "
-            f"{f(r.ratio_vs_builtin, '.3f')} | {'yes' if r.matches_none else 'NO'} |"
+            f"{f(r.ratio_vs_builtin, '.3f')} | {pct(r.ttft_ms)} | {pct(r.tpot_ms)} | "
+            f"{'yes' if r.matches_none else 'NO'} |"
         )
     return "\n".join(lines)
-
-
-def _distilled_drafter(args: argparse.Namespace, prompts, workdir: Path) -> Path:
-    """A tiny drafter distilled on the target's own outputs for these prompts: often right,
-    so the table shows real acceptance (the trained embedded default is not shipped yet)."""
-    from vllm_dflash.reference.target import HFTarget
-    from vllm_dflash.testing.distill import distill
-    from vllm_dflash.testing.factory import make_drafter
-
-    random_drafter = make_drafter(workdir / "draft-random", args.target, block_size=args.k + 1)
-    print("distilling the tiny drafter on the benchmark prompts ...", file=sys.stderr)
-    target = HFTarget.from_pretrained(args.target)
-    return distill(
-        target, random_drafter, workdir / "draft", prompts, new_tokens=args.max_tokens, steps=600
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--target", type=Path, help="target model dir (default: a tiny random one)")
-    p.add_argument("--draft", type=Path, help="DFlash drafter dir (default: a tiny random one)")
-    p.add_argument("--k", "--num-speculative-tokens", type=int, default=7, dest="k")
-    p.add_argument("--concurrency", default="1,4,16", type=lambda s: [int(x) for x in s.split(",")])
-    p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, help="write rows as JSON here")
-    p.add_argument("--workdir", type=Path, help="logs and engine outputs (default: a temp dir)")
-    args = p.parse_args(argv)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vllm-dflash-bench-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    if (args.target is None) != (args.draft is None):
-        p.error("give both --target and --draft, or neither")
-    built = args.target is None
-    if built:
-        from vllm_dflash.testing.factory import make_target
-
-        args.target = make_target(workdir / "target")
-    vocab = json.loads((args.target / "config.json").read_text())["vocab_size"]
-    prompts = random_prompts(vocab, args.num_prompts, args.seed)
-    if built:
-        args.draft = _distilled_drafter(args, prompts, workdir)
-    passes = measure(args, prompts, workdir)
-    seconds = {f"{b}@{c}": [r["seconds"] for r in runs] for (b, c), runs in passes.items()}
-    (workdir / "pass_seconds.json").write_text(json.dumps(seconds, indent=1))
-    rows = compare(passes, args.concurrency)
-    print(markdown(rows))
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
-    return 0 if all(r.matches_none for r in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -60,19 +60,30 @@ def engine_args(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def _timed_waves(llm: Any, prompts: list[list[int]], concurrency: int, max_tokens: int):
+    """One pass in waves of ``concurrency`` requests: outputs, seconds, counters, and per
+    request the time to first token and the time per output token after it (vLLM's own
+    request timestamps)."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     before = spec_counters(llm)
     outputs: list[list[int]] = []
+    ttft: list[float] = []
+    tpot: list[float] = []
     t0 = time.perf_counter()
     for s in range(0, len(prompts), concurrency):
         wave = [{"prompt_token_ids": p} for p in prompts[s : s + concurrency]]
-        outputs += [
-            list(o.outputs[0].token_ids) for o in llm.generate(wave, params, use_tqdm=False)
-        ]
+        for o in llm.generate(wave, params, use_tqdm=False):
+            outputs.append(list(o.outputs[0].token_ids))
+            m = o.metrics
+            if m is not None and m.first_token_ts > 0:
+                ttft.append(m.first_token_latency)
+                if m.num_generation_tokens > 1:
+                    decode = m.last_token_ts - m.first_token_ts
+                    tpot.append(decode / (m.num_generation_tokens - 1))
     seconds = time.perf_counter() - t0
-    return outputs, seconds, counters_delta(spec_counters(llm), before)
+    timing = {"ttft": ttft, "tpot": tpot}
+    return outputs, seconds, counters_delta(spec_counters(llm), before), timing
 
 
 def main(path: str) -> None:
@@ -95,8 +106,8 @@ def main(path: str) -> None:
     results.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         c = json.loads(line)["concurrency"]
-        outputs, seconds, spec = _timed_waves(llm, prompts, c, max_tokens)
-        run = {"concurrency": c, "seconds": seconds, "outputs": outputs, "spec": spec}
+        outputs, seconds, spec, timing = _timed_waves(llm, prompts, c, max_tokens)
+        run = {"concurrency": c, "seconds": seconds, "outputs": outputs, "spec": spec, **timing}
         results.write(json.dumps(run) + "\n")
 
 

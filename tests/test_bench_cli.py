@@ -1,0 +1,103 @@
+"""`vllm-dflash bench`: bad input fails first and clearly; a real run on the tiny models
+writes the table, JSON and plot; an engine that cannot load stops the run, named, with no
+engine process left behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+CLI = Path(sys.executable).with_name("vllm-dflash")
+
+
+def _bench(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(CLI), "bench", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _prompts(tmp_path: Path, lines: list[str]) -> Path:
+    p = tmp_path / "prompts.jsonl"
+    p.write_text("".join(line + "\n" for line in lines))
+    return p
+
+
+def test_missing_prompt_file(tmp_path):
+    out = _bench("--prompts", str(tmp_path / "nope.jsonl"))
+    assert out.returncode == 2
+    assert "nope.jsonl: file not found" in out.stderr
+
+
+def test_empty_prompt_set(tmp_path):
+    out = _bench("--prompts", str(_prompts(tmp_path, ["", "{not json"])))
+    assert out.returncode == 2
+    assert "no usable prompt" in out.stderr and "line 2" in out.stderr
+
+
+def test_bad_arguments_name_the_flag(tmp_path):
+    out = _bench("--backends", "dflash,eagle")
+    assert out.returncode == 2 and "choose from dflash,builtin,none" in out.stderr
+    out = _bench("--concurrency", "0,4")
+    assert out.returncode == 2 and "every value must be >= 1" in out.stderr
+    out = _bench("--target", str(tmp_path))
+    assert out.returncode == 2 and "no config.json there" in out.stderr
+    out = _bench("--k", "40")
+    assert out.returncode == 2 and "--k 40: the drafter drafts 1..15 tokens" in out.stderr
+
+
+def _engine_workers(workdir: Path) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "vllm_dflash.bench.engine_worker" in cmd and str(workdir) in cmd:
+            found.append(p)
+    return found
+
+
+@pytest.mark.engine
+def test_bench_runs_on_the_tiny_models(target_dir, drafter_dirs, tmp_path):
+    prompts = _prompts(tmp_path, [json.dumps({"prompt": f"def f{i}(x):"}) for i in range(4)])
+    work = tmp_path / "work"
+    out = _bench(
+        *("--target", str(target_dir), "--draft", str(drafter_dirs[8])),
+        *("--backends", "dflash,none", "--concurrency", "1,2", "--prompts", str(prompts)),
+        *("--num-prompts", "4", "--max-tokens", "12", "--repeats", "1"),
+        *("--json", str(tmp_path / "rows.json"), "--plot", str(tmp_path / "bench.png")),
+        *("--workdir", str(work)),
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert {(r["backend"], r["concurrency"]) for r in rows} == {
+        (b, c) for b in ("dflash", "none") for c in (1, 2)
+    }
+    for r in rows:
+        assert r["matches_none"] and r["tokens_per_s"] > 0
+        assert len(r["ttft_ms"]) == 3 and r["ttft_ms"][0] > 0 and r["tpot_ms"][0] > 0
+        assert (r["acceptance_length"] is None) == (r["backend"] == "none")
+    assert "| dflash | 1 |" in out.stdout and "TTFT p50 / p90 ms" in out.stdout
+    assert (tmp_path / "bench.png").stat().st_size > 10_000
+    assert not _engine_workers(work)
+
+
+@pytest.mark.engine
+def test_engine_that_cannot_load_stops_the_run(target_dir, drafter_dirs, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in Path(target_dir).iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    work = tmp_path / "work"
+    out = _bench(
+        *("--target", str(broken), "--draft", str(drafter_dirs[8])),
+        *("--backends", "dflash,none", "--concurrency", "1", "--num-prompts", "2"),
+        *("--prompts", str(_prompts(tmp_path, ['{"prompt": "x = 1"}'] * 2))),
+        *("--workdir", str(work)),
+    )
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "engine failed" in out.stderr and "full log:" in out.stderr
+    assert not _engine_workers(work)

@@ -1,0 +1,139 @@
+"""``vllm-dflash bench``: every backend on the same prompts, in one run, on real vLLM engines.
+
+    vllm-dflash bench [--target T --draft D] [--backends dflash,builtin,none]
+        [--concurrency 1,4,16,32] [--prompts P.jsonl --num-prompts N --max-tokens M]
+        [--k K --repeats R] [--json out.json] [--plot out.png] [--workdir DIR]
+
+Defaults: the embedded default (target, drafter, held-out prompts). Prints a markdown
+table (output tok/s, acceptance length, speedup vs ``none``, ratio vs ``builtin``, TTFT
+and TPOT percentiles, whether greedy outputs equal ``none``'s); ``--json`` writes the rows
+and ``--plot`` a figure of tok/s and acceptance length against concurrency. Exits 1 when
+any backend's greedy output differs from ``none``'s, 2 on bad input (nothing started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from vllm_dflash import assets
+from vllm_dflash.errors import DFlashConfigError, DFlashDataError
+
+BACKENDS = ("dflash", "builtin", "none")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give integers like 1,4,16") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be >= 1")
+    return values
+
+
+def _backends(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in BACKENDS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {','.join(BACKENDS)}")
+    return names
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="ours vs vLLM's built-in dflash vs no speculation, one run, real engines",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--target", type=Path, default=assets.TARGET)
+    p.add_argument("--draft", type=Path, default=assets.DRAFTER)
+    p.add_argument("--backends", type=_backends, default=list(BACKENDS))
+    p.add_argument("--concurrency", type=_ints, default=[1, 4, 16, 32])
+    p.add_argument("--prompts", type=Path, default=assets.HELDOUT_PROMPTS)
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--k", type=int, help="draft tokens per step (default: block size - 1)")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per backend and load")
+    p.add_argument("--json", type=Path, help="write the rows as JSON here")
+    p.add_argument("--plot", type=Path, help="write tok/s and acceptance plots here (.png)")
+    p.add_argument("--workdir", type=Path, help="engine logs and raw passes (default: temp)")
+    p.set_defaults(func=run)
+
+
+def load_prompts(path: Path, target: Path, n: int) -> list[list[int]]:
+    """Token ids of the first ``n`` prompts of a prompt JSONL file (see train/records.py)."""
+    from transformers import AutoTokenizer
+
+    from vllm_dflash.train.records import encode_prompt, read_prompts
+
+    if n < 1:
+        raise DFlashDataError(f"--num-prompts {n}: need at least 1 prompt")
+    records = read_prompts(path)[:n]
+    if not records:
+        raise DFlashDataError(f"{path}: no usable prompt. Fix: give a JSONL file of prompts")
+    tok = AutoTokenizer.from_pretrained(target)
+    return [encode_prompt(tok, r.data) for r in records]
+
+
+def _check_models(args: argparse.Namespace) -> None:
+    from vllm_dflash.config import DrafterConfig
+
+    for name in ("target", "draft"):
+        if not (getattr(args, name) / "config.json").is_file():
+            raise DFlashConfigError(
+                f"--{name} {getattr(args, name)}: no config.json there. Fix: give a model directory"
+            )
+    block = DrafterConfig.from_file(args.draft / "config.json").block_size
+    args.k = args.k or block - 1
+    if not 1 <= args.k < block:
+        raise DFlashConfigError(f"--k {args.k}: the drafter drafts 1..{block - 1} tokens")
+
+
+def plot(rows: list, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_tps, ax_tau) = plt.subplots(1, 2, figsize=(10, 4))
+    for backend in dict.fromkeys(r.backend for r in rows):
+        mine = [r for r in rows if r.backend == backend]
+        cs = [r.concurrency for r in mine]
+        ax_tps.plot(cs, [r.tokens_per_s for r in mine], marker="o", label=backend)
+        if mine[0].acceptance_length is not None:
+            ax_tau.plot(cs, [r.acceptance_length for r in mine], marker="o", label=backend)
+    for ax, title in ((ax_tps, "output tokens/s"), (ax_tau, "acceptance length")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vllm_dflash.bench.compare_backends import compare, markdown, measure
+
+    _check_models(args)
+    prompts = load_prompts(args.prompts, args.target, args.num_prompts)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vllm-dflash-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    backends = list(dict.fromkeys([*args.backends, "none"]))  # speedups need the baseline
+    passes = measure(args, prompts, workdir, backends)  # an engine failure exits 2, named
+    seconds = {f"{b}@{c}": [r["seconds"] for r in runs] for (b, c), runs in passes.items()}
+    (workdir / "pass_seconds.json").write_text(json.dumps(seconds, indent=1))
+    rows = compare(passes, args.concurrency, backends)
+    print(markdown(rows))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    if args.plot:
+        plot(rows, args.plot)
+        print(f"plot: {args.plot}")
+    return 0 if all(r.matches_none for r in rows) else 1
