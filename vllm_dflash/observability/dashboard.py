@@ -199,7 +199,16 @@ def build() -> dict:
         if kind == "bargauge":
             panel = panel.min(0).max(1)
         d = d.with_panel(panel)
-    return json.loads(json.dumps(d.build(), cls=JSONEncoder, sort_keys=True))
+    return _drop_nulls(json.loads(json.dumps(d.build(), cls=JSONEncoder, sort_keys=True)))
+
+
+def _drop_nulls(x):
+    """Unset fields come out as null (e.g. panel "options"); Grafana wants them absent."""
+    if isinstance(x, dict):
+        return {k: _drop_nulls(v) for k, v in x.items() if v is not None}
+    if isinstance(x, list):
+        return [_drop_nulls(v) for v in x]
+    return x
 
 
 def render() -> str:
