@@ -20,6 +20,7 @@ def run_engine(
     engine: dict[str, Any] | None = None,
     backend: str = "dflash",
     expect_failure: bool = False,
+    env: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], str]:
     tmp.mkdir(parents=True, exist_ok=True)
     request = {
@@ -30,7 +31,7 @@ def run_engine(
         "out": str(tmp / "out.json"),
     }
     (tmp / "req.json").write_text(json.dumps(request))
-    env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_DFLASH_BACKEND": backend}
+    env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_DFLASH_BACKEND": backend} | (env or {})
     proc = subprocess.run(
         [sys.executable, str(RUNNER), str(tmp / "req.json")],
         capture_output=True,

@@ -41,7 +41,13 @@ def test_empty_prompt_set(tmp_path):
 
 def test_bad_arguments_name_the_flag(tmp_path):
     out = _bench("--backends", "dflash,eagle")
-    assert out.returncode == 2 and "choose from dflash,builtin,none" in out.stderr
+    assert out.returncode == 2 and "backend 'eagle': write one of dflash" in out.stderr
+    out = _bench("--backends", "none:3")
+    assert out.returncode == 2 and "not for none" in out.stderr
+    out = _bench("--backends", "dflash:16")
+    assert out.returncode == 2 and "dflash:16: the drafter drafts 1..15" in out.stderr
+    out = _bench("--sweep-draft-cost", "--sweep-gammas", "1,20")
+    assert out.returncode == 2 and "--sweep-gammas 20: at most --k = 15" in out.stderr
     out = _bench("--concurrency", "0,4")
     assert out.returncode == 2 and "every value must be >= 1" in out.stderr
     out = _bench("--target", str(tmp_path))
@@ -101,3 +107,54 @@ def test_engine_that_cannot_load_stops_the_run(target_dir, drafter_dirs, tmp_pat
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert "engine failed" in out.stderr and "full log:" in out.stderr
     assert not _engine_workers(work)
+
+
+@pytest.mark.engine
+def test_adaptive_draft_length_stays_lossless(target_dir, drafter_dirs, tmp_path):
+    """Adaptive, fixed K = 7 (the block-8 drafter's full block) and fixed 3 in one run:
+    every greedy output equals no speculation's, and the adaptive engine really varied
+    its draft length (probes at 1, 2, 4 and 7 at the least)."""
+    prompts = _prompts(tmp_path, [json.dumps({"prompt": f"def g{i}(y):"}) for i in range(16)])
+    out = _bench(
+        *("--target", str(target_dir), "--draft", str(drafter_dirs[8])),
+        *("--backends", "adaptive,dflash,dflash:3,none", "--concurrency", "1,4"),
+        *("--prompts", str(prompts), "--num-prompts", "16", "--max-tokens", "24"),
+        *("--repeats", "1", "--json", str(tmp_path / "rows.json")),
+        *("--workdir", str(tmp_path / "work")),
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = {
+        (r["backend"], r["concurrency"]): r
+        for r in json.loads((tmp_path / "rows.json").read_text())
+    }
+    assert all(r["matches_none"] for r in rows.values())
+    for c in (1, 4):
+        assert rows[("dflash", c)]["draft_tokens_per_step"] == 7
+        assert rows[("dflash:3", c)]["draft_tokens_per_step"] == 3
+        assert 1 < rows[("adaptive", c)]["draft_tokens_per_step"] < 7
+
+
+@pytest.mark.engine
+def test_sweep_draft_cost_measures_and_predicts(target_dir, drafter_dirs, tmp_path):
+    out = _bench(
+        *("--target", str(target_dir), "--draft", str(drafter_dirs[8])),
+        *("--sweep-draft-cost", "--sweep-gammas", "1,3,7", "--concurrency", "1,2"),
+        *("--prompts", str(_prompts(tmp_path, ['{"prompt": "x = [i for i in"}'] * 4))),
+        *("--num-prompts", "4", "--max-tokens", "32", "--repeats", "1"),
+        *("--json", str(tmp_path / "sweep.json"), "--plot", str(tmp_path / "sweep.png")),
+        *("--workdir", str(tmp_path / "work")),
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = json.loads((tmp_path / "sweep.json").read_text())
+    assert {(r["concurrency"], r["gamma"]) for r in rows} == {
+        (c, g) for c in (1, 2) for g in (1, 3, 7)
+    }
+    for r in rows:
+        assert r["matches_none"] and r["measured"] > 0
+        assert r["drafter_ms"] > 0 and r["verify_ms"] > 0 and r["plain_ms"] > 0
+        assert r["predicted"] > 0 and r["tau"] >= 1
+    taus = [r["tau"] for r in rows if r["concurrency"] == 1]
+    assert taus == sorted(taus)  # tau grows with gamma
+    assert "controller's choice" in out.stdout
+    assert (tmp_path / "sweep.png").stat().st_size > 10_000
+    assert not _engine_workers(tmp_path / "work")

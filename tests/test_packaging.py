@@ -115,6 +115,13 @@ def test_bad_metrics_setting_stops_the_start(monkeypatch):
     assert "VLLM_DFLASH_BASELINE_EVERY='-1'" in out.stderr and "Fix:" in out.stderr
 
 
+def test_bad_adaptive_setting_stops_the_start(monkeypatch):
+    monkeypatch.setenv("VLLM_DFLASH_ADAPTIVE", "sometimes")
+    out = _load_plugins(None)
+    assert out.returncode != 0
+    assert "VLLM_DFLASH_ADAPTIVE='sometimes'" in out.stderr and "Fix:" in out.stderr
+
+
 def test_unknown_backend_value_stops_the_start():
     out = _load_plugins("dlfash")
     assert out.returncode != 0

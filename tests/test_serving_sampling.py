@@ -61,10 +61,10 @@ def _jobs(names):
     ]
 
 
-def _engine(models, tmp, backend, names):
+def _engine(models, tmp, backend, names, env=None):
     target_dir, drafter_dir = models
     spec = {"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": 3}
-    jobs, _ = run_engine(tmp, target_dir, _jobs(names), spec, backend=backend)
+    jobs, _ = run_engine(tmp, target_dir, _jobs(names), spec, backend=backend, env=env)
     return jobs
 
 
@@ -84,6 +84,18 @@ def test_our_sampling_is_lossless(ours, joints, name):
     spec = ours[name]["spec"]
     # Both paths of the verifier ran: some drafts accepted, most rejected.
     assert 0 < spec["accepted"] < spec["draft_tokens"] // 2, spec
+
+
+def test_adaptive_draft_length_sampling_is_lossless(models, joints, tmp_path_factory):
+    """With the draft length chosen per step (1..3 here), tokens 2-5 come from verify steps
+    of every length, and their law is still the target's."""
+    name = "t1-topk6-topp0.9"
+    env = {"VLLM_DFLASH_ADAPTIVE": "1"}
+    jobs = _engine(models, tmp_path_factory.mktemp("adaptive"), "dflash", [name], env)
+    ps = p_values(_tokens(jobs[name]), joints[name])
+    assert min(ps.values()) > ALPHA, ps
+    spec = jobs[name]["spec"]
+    assert spec["drafts"] < spec["draft_tokens"] < 3 * spec["drafts"], spec  # lengths varied
 
 
 def test_builtin_dflash_on_cpu_fails_the_same_check(models, joints, tmp_path_factory):

@@ -69,9 +69,11 @@ def register() -> None:
     if problem:
         logger.warning("vllm-dflash: %s; leaving vLLM's built-in dflash in place.", problem)
         return
+    from vllm_dflash.serving import adaptive_gamma
     from vllm_dflash.serving.install import install
 
     install()
+    adaptive_gamma.install()
     logger.info(
         "vllm-dflash: vllm-dflash serves method 'dflash' (%s=builtin selects vLLM's own).",
         BACKEND_ENV,

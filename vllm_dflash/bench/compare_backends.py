@@ -23,9 +23,22 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vllm_dflash.errors import DFlashError
+from vllm_dflash.errors import DFlashConfigError, DFlashError
 
 BACKENDS = ("dflash", "builtin", "none")
+KINDS = ("dflash", "builtin", "none", "adaptive")
+
+
+def parse_backend(label: str) -> tuple[str, int | None]:
+    """``kind`` or ``kind:K``: dflash (ours), builtin (vLLM's), adaptive (ours, draft length
+    chosen per step, K the most), none; K overrides the run's draft tokens per step."""
+    kind, _, k = label.partition(":")
+    if kind not in KINDS or (k and (not k.isdigit() or int(k) < 1 or kind == "none")):
+        raise DFlashConfigError(
+            f"backend {label!r}: write one of {', '.join(KINDS)}, optionally with ':K' "
+            "(K >= 1 draft tokens; not for none), e.g. dflash:7"
+        )
+    return kind, int(k) if k else None
 
 
 @dataclass
@@ -37,6 +50,7 @@ class Row:
     speedup_vs_none: float
     ratio_vs_builtin: float | None
     matches_none: bool
+    draft_tokens_per_step: float | None = None  # mean drafts verified per request and step
     ttft_ms: tuple[float, float, float] | None = None  # p50, p90, p99
     tpot_ms: tuple[float, float, float] | None = None
 
@@ -63,11 +77,20 @@ class EngineFailed(DFlashError):
 class Engine:
     """A running engine_worker process for one backend."""
 
-    def __init__(self, backend: str, args: argparse.Namespace, prompts, workdir: Path):
+    def __init__(
+        self,
+        backend: str,
+        args: argparse.Namespace,
+        prompts,
+        workdir: Path,
+        env: dict[str, str] | None = None,
+    ):
         self.backend = backend
+        kind, k = parse_backend(backend)
         spec = None
-        if backend != "none":
-            spec = {"method": "dflash", "model": str(args.draft), "num_speculative_tokens": args.k}
+        if kind != "none":
+            k = k or args.k
+            spec = {"method": "dflash", "model": str(args.draft), "num_speculative_tokens": k}
         request = {
             "target": str(args.target),
             "speculative_config": spec,
@@ -77,15 +100,21 @@ class Engine:
             # polling, and does not steal CPU from the backend being timed.
             "engine": {"distributed_executor_backend": "uni"},
         }
-        req_path = workdir / f"{backend}.req.json"
+        name = backend.replace(":", "-k")
+        req_path = workdir / f"{name}.req.json"
         req_path.write_text(json.dumps(request))
-        self.log = workdir / f"{backend}.log"
+        self.log = workdir / f"{name}.log"
         read, write = os.pipe()
-        env = os.environ | {
-            "VLLM_DFLASH_BACKEND": "builtin" if backend == "builtin" else "dflash",
-            "VLLM_DFLASH_BENCH_FD": str(write),
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        }
+        env = (
+            os.environ
+            | {
+                "VLLM_DFLASH_BACKEND": "builtin" if kind == "builtin" else "dflash",
+                "VLLM_DFLASH_ADAPTIVE": "1" if kind == "adaptive" else "0",
+                "VLLM_DFLASH_BENCH_FD": str(write),
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            }
+            | (env or {})
+        )
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
@@ -108,8 +137,10 @@ class Engine:
             raise EngineFailed(self.backend, self.proc.returncode, self.log)
         return json.loads(line)
 
-    def run(self, concurrency: int) -> dict:
-        self.proc.stdin.write(json.dumps({"concurrency": concurrency}) + "\n")
+    def run(self, concurrency: int, gamma: int | None = None) -> dict:
+        """One timed pass; ``gamma`` fixes an adaptive engine's draft length for it."""
+        cmd = {"concurrency": concurrency} | ({"gamma": gamma} if gamma else {})
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
         return self._read()
 
@@ -177,6 +208,9 @@ def compare(
                     if backend == "none" or "builtin" not in backends
                     else _paired(runs, passes[("builtin", c)]),
                     matches_none=all(r["outputs"] == none[0]["outputs"] for r in runs),
+                    draft_tokens_per_step=spec["draft_tokens"] / spec["drafts"]
+                    if spec["drafts"]
+                    else None,
                     ttft_ms=percentiles_ms([t for r in runs for t in r.get("ttft", ())]),
                     tpot_ms=percentiles_ms([t for r in runs for t in r.get("tpot", ())]),
                 )
@@ -192,14 +226,15 @@ def markdown(rows: list[Row]) -> str:
         return "–" if p is None else f"{p[0]:.1f} / {p[1]:.1f}"
 
     lines = [
-        "| backend | concurrency | output tok/s | acceptance length | vs none | vs built-in "
-        "| TTFT p50 / p90 ms | TPOT p50 / p90 ms | greedy = none |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        "| backend | concurrency | output tok/s | drafts / step | acceptance length | vs none "
+        "| vs built-in | TTFT p50 / p90 ms | TPOT p50 / p90 ms | greedy = none |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r.backend} | {r.concurrency} | {r.tokens_per_s:.1f} | "
-            f"{f(r.acceptance_length, '.3f')} | {r.speedup_vs_none:.2f}× | "
+            f"{f(r.draft_tokens_per_step, '.2f')} | {f(r.acceptance_length, '.3f')} | "
+            f"{r.speedup_vs_none:.2f}× | "
             f"{f(r.ratio_vs_builtin, '.3f')} | {pct(r.ttft_ms)} | {pct(r.tpot_ms)} | "
             f"{'yes' if r.matches_none else 'NO'} |"
         )

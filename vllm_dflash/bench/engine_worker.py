@@ -59,22 +59,41 @@ def engine_args(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     } | (overrides or {})
 
 
-def _timed_waves(llm: Any, prompts: list[list[int]], concurrency: int, max_tokens: int):
-    """One pass in waves of ``concurrency`` requests: outputs, seconds, counters, and per
-    request the time to first token and the time per output token after it (vLLM's own
-    request timestamps)."""
+def _timed_pass(llm: Any, prompts: list[list[int]], concurrency: int, max_tokens: int):
+    """One pass keeping ``concurrency`` requests in flight: each finished request is
+    replaced by the next prompt before the next engine step, as a server sees that many
+    clients (``vllm bench serve --max-concurrency``; waves that wait for their slowest
+    request would charge speculation for its spread in acceptance). Returns the outputs in
+    prompt order, seconds, counters, and per request the time to first token and the time
+    per output token after it (vLLM's own request timestamps)."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    engine = llm.llm_engine
     before = spec_counters(llm)
-    outputs: list[list[int]] = []
+    outputs: list[list[int]] = [[] for _ in prompts]
     ttft: list[float] = []
     tpot: list[float] = []
+    waiting = iter(range(len(prompts)))
+    index: dict[str, int] = {}
+
+    def submit() -> None:
+        i = next(waiting, None)
+        if i is not None:
+            (rid,) = llm.enqueue([{"prompt_token_ids": prompts[i]}], params, use_tqdm=False)
+            # enqueue returns vLLM's internal id, "<request id>-<random suffix>"; outputs
+            # carry the request id.
+            index[rid.rsplit("-", 1)[0]] = i
+
     t0 = time.perf_counter()
-    for s in range(0, len(prompts), concurrency):
-        wave = [{"prompt_token_ids": p} for p in prompts[s : s + concurrency]]
-        for o in llm.generate(wave, params, use_tqdm=False):
-            outputs.append(list(o.outputs[0].token_ids))
+    for _ in range(concurrency):
+        submit()
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if not o.finished:
+                continue
+            outputs[index.pop(o.request_id)] = list(o.outputs[0].token_ids)
+            submit()
             m = o.metrics
             if m is not None and m.first_token_ts > 0:
                 ttft.append(m.first_token_latency)
@@ -86,10 +105,37 @@ def _timed_waves(llm: Any, prompts: list[list[int]], concurrency: int, max_token
     return outputs, seconds, counters_delta(spec_counters(llm), before), timing
 
 
+def _controllers() -> list[Any]:
+    """The adaptive controllers of this process's engine (one, or none when it is off)."""
+    try:
+        from vllm_dflash.serving.adaptive_gamma import LIVE
+    except ImportError:
+        return []
+    return list(LIVE)
+
+
+def _steered_pass(llm: Any, prompts, concurrency: int, max_tokens: int, gamma: int | None):
+    """A timed pass; with ``gamma``, the adaptive controller drafts exactly that many
+    tokens every step, and the pass reports the runner's per-step records."""
+    controllers = _controllers()
+    for c in controllers:
+        c.force, c.trace = gamma, [] if gamma else None
+        c.chosen.clear()
+    outputs, seconds, spec, timing = _timed_pass(llm, prompts, concurrency, max_tokens)
+    run = {"concurrency": concurrency, "seconds": seconds, "outputs": outputs, "spec": spec}
+    for c in controllers:
+        run["chosen"] = [[b, g, n] for (b, g), n in sorted(c.chosen.items())]
+        if c.trace is not None:
+            run["steps"] = c.trace
+        c.force, c.trace = None, None
+    return run | timing
+
+
 def main(path: str) -> None:
     """Start the engine, warm it up, then time one pass per command read from stdin.
 
-    Commands are JSON lines ``{"concurrency": c}``; each result goes back as one JSON line
+    Commands are JSON lines ``{"concurrency": c}`` (``"gamma": g`` fixes the adaptive
+    controller's draft length for the pass: the cost sweep); each result goes back as one JSON line
     on the file descriptor named by ``VLLM_DFLASH_BENCH_FD`` (vLLM logs to stdout). The
     driver interleaves passes of all backends, so machine noise hits them alike."""
     from vllm import LLM
@@ -102,12 +148,11 @@ def main(path: str) -> None:
         **engine_args(req.get("engine")),
     )
     prompts, max_tokens = req["prompts"], req["max_tokens"]
-    _timed_waves(llm, prompts[:8], 2, max_tokens)  # warm-up, excluded
+    _timed_pass(llm, prompts[:8], 2, max_tokens)  # warm-up, excluded
     results.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
-        c = json.loads(line)["concurrency"]
-        outputs, seconds, spec, timing = _timed_waves(llm, prompts, c, max_tokens)
-        run = {"concurrency": c, "seconds": seconds, "outputs": outputs, "spec": spec, **timing}
+        cmd = json.loads(line)
+        run = _steered_pass(llm, prompts, cmd["concurrency"], max_tokens, cmd.get("gamma"))
         results.write(json.dumps(run) + "\n")
 
 

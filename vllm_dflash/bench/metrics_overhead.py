@@ -60,7 +60,8 @@ def _scheduler_us(batch: int, steps: int) -> tuple[float, float]:
         scheduled_spec_decode_tokens={},
     )
     eco = {0: types.SimpleNamespace(scheduler_stats=types.SimpleNamespace())}
-    mro = types.SimpleNamespace(dflash_timings=[(0.001, 0.004, 0)])
+    timing = {"drafter_s": 0.001, "verify_s": 0.004, "plain": 0}
+    mro = types.SimpleNamespace(dflash_timings=[timing])
 
     class Scheduler:
         num_spec_tokens, log_stats = 7, True

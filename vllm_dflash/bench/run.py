@@ -3,12 +3,18 @@
     vllm-dflash bench [--target T --draft D] [--backends dflash,builtin,none]
         [--concurrency 1,4,16,32] [--prompts P.jsonl --num-prompts N --max-tokens M]
         [--k K --repeats R] [--json out.json] [--plot out.png] [--workdir DIR]
+        [--sweep-draft-cost [--sweep-gammas 1,2,3,4,6,8,12,15]]
+
+Backends: ``dflash`` (ours), ``builtin`` (vLLM's), ``adaptive`` (ours, draft length chosen
+per step, ``docs/adaptive-draft-length.md``), ``none``; ``:K`` sets one backend's draft
+tokens per step (``dflash:7``), ``--k`` everyone else's (default: block size - 1).
 
 Defaults: the embedded default (target, drafter, held-out prompts). Prints a markdown
 table (output tok/s, acceptance length, speedup vs ``none``, ratio vs ``builtin``, TTFT
 and TPOT percentiles, whether greedy outputs equal ``none``'s); ``--json`` writes the rows
 and ``--plot`` a figure of tok/s and acceptance length against concurrency. Exits 1 when
 any backend's greedy output differs from ``none``'s, 2 on bad input (nothing started).
+``--sweep-draft-cost`` measures step costs against draft length instead (``bench/sweep.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +28,6 @@ from pathlib import Path
 from vllm_dflash import assets
 from vllm_dflash.errors import DFlashConfigError, DFlashDataError
 
-BACKENDS = ("dflash", "builtin", "none")
-
 
 def _ints(text: str) -> list[int]:
     try:
@@ -36,10 +40,16 @@ def _ints(text: str) -> list[int]:
 
 
 def _backends(text: str) -> list[str]:
+    from vllm_dflash.bench.compare_backends import parse_backend
+
     names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in names if x not in BACKENDS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"{text!r}: choose from {','.join(BACKENDS)}")
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: name at least one backend")
+    for name in names:
+        try:
+            parse_backend(name)
+        except DFlashConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     return names
 
 
@@ -52,7 +62,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--target", type=Path, default=assets.TARGET)
     p.add_argument("--draft", type=Path, default=assets.DRAFTER)
-    p.add_argument("--backends", type=_backends, default=list(BACKENDS))
+    p.add_argument(
+        "--backends",
+        type=_backends,
+        default=["dflash", "builtin", "none"],
+        help="dflash, builtin, adaptive, none; ':K' sets a backend's draft tokens (dflash:7)",
+    )
     p.add_argument("--concurrency", type=_ints, default=[1, 4, 16, 32])
     p.add_argument("--prompts", type=Path, default=assets.HELDOUT_PROMPTS)
     p.add_argument("--num-prompts", type=int, default=32)
@@ -62,6 +77,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, help="write the rows as JSON here")
     p.add_argument("--plot", type=Path, help="write tok/s and acceptance plots here (.png)")
     p.add_argument("--workdir", type=Path, help="engine logs and raw passes (default: temp)")
+    p.add_argument(
+        "--sweep-draft-cost",
+        action="store_true",
+        help="instead: drafter and verify time against draft length per concurrency, the "
+        "analytic model fitted to them, and its predicted speedup against the measured one",
+    )
+    p.add_argument(
+        "--sweep-gammas", type=_ints, help="draft lengths to sweep (default: 1,2,3,4,6,8,12,K)"
+    )
     p.set_defaults(func=run)
 
 
@@ -88,10 +112,19 @@ def _check_models(args: argparse.Namespace) -> None:
             raise DFlashConfigError(
                 f"--{name} {getattr(args, name)}: no config.json there. Fix: give a model directory"
             )
+    from vllm_dflash.bench.compare_backends import parse_backend
+
     block = DrafterConfig.from_file(args.draft / "config.json").block_size
     args.k = args.k or block - 1
     if not 1 <= args.k < block:
         raise DFlashConfigError(f"--k {args.k}: the drafter drafts 1..{block - 1} tokens")
+    for name in args.backends:
+        k = parse_backend(name)[1]
+        if k is not None and k >= block:
+            raise DFlashConfigError(f"backend {name}: the drafter drafts 1..{block - 1} tokens")
+    for g in args.sweep_gammas or ():
+        if g > args.k:
+            raise DFlashConfigError(f"--sweep-gammas {g}: at most --k = {args.k} draft tokens")
 
 
 def plot(rows: list, path: Path) -> None:
@@ -125,6 +158,10 @@ def run(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts, args.target, args.num_prompts)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vllm-dflash-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.sweep_draft_cost:
+        from vllm_dflash.bench.sweep import sweep
+
+        return sweep(args, prompts, workdir)
     backends = list(dict.fromkeys([*args.backends, "none"]))  # speedups need the baseline
     passes = measure(args, prompts, workdir, backends)  # an engine failure exits 2, named
     seconds = {f"{b}@{c}": [r["seconds"] for r in runs] for (b, c), runs in passes.items()}

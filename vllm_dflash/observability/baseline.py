@@ -25,46 +25,22 @@ from __future__ import annotations
 
 import bisect
 import math
-import os
 import statistics
 from collections import deque
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
-from vllm_dflash.errors import DFlashConfigError
-
-ENV_PREFIX = "VLLM_DFLASH_"
+from vllm_dflash.env_settings import EnvSettings
 
 
-class MetricsSettings(BaseModel):
+class MetricsSettings(EnvSettings):
     """Read from ``VLLM_DFLASH_<FIELD>`` environment variables in every vLLM process."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     baseline_every: int = Field(100, ge=0, description="steps between baseline steps; 0: off")
     baseline_warmup: int = Field(100, ge=0, description="engine steps before the first one")
     baseline_min_gap: int = Field(16, ge=1, description="fewest steps between two baselines")
     baseline_samples: int = Field(8, ge=1, description="samples a bucket needs before it waits")
     acceptance_floor: float = Field(1.5, ge=1.0, description="alert floor for mean tau")
-
-    @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> MetricsSettings:
-        env = os.environ if environ is None else environ
-        raw = {
-            name: env[ENV_PREFIX + name.upper()]
-            for name in cls.model_fields
-            if ENV_PREFIX + name.upper() in env
-        }
-        try:
-            return cls(**raw)
-        except ValidationError as e:
-            err = e.errors()[0]
-            var = ENV_PREFIX + str(err["loc"][0]).upper()
-            field = cls.model_fields[str(err["loc"][0])]
-            raise DFlashConfigError(
-                f"{var}={raw.get(str(err['loc'][0]))!r}: {err['msg']}. Fix: set it to "
-                f"{field.description} (default {field.default}), or unset it"
-            ) from None
 
 
 def bucket(batch: int) -> int:

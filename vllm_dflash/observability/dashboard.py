@@ -108,6 +108,18 @@ PANELS: list[tuple[str, str, str, str, list[tuple[str, str]]]] = [
         ],
     ),
     (
+        "Draft tokens per step",
+        "Draft tokens verified per request and step (vLLM's counters): the configured "
+        "num_speculative_tokens, or with VLLM_DFLASH_ADAPTIVE=1 the lengths the adaptive "
+        "controller chose (docs/adaptive-draft-length.md), against requests running.",
+        "timeseries",
+        "none",
+        [
+            ("draft tokens / step", f"{_rate(n.VLLM_DRAFT_TOKENS)} / {_rate(n.VLLM_DRAFTS)}"),
+            ("requests running", f"sum({n.VLLM_RUNNING}{SEL})"),
+        ],
+    ),
+    (
         "Requests running / waiting",
         "vLLM's scheduler gauges.",
         "timeseries",

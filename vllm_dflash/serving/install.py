@@ -3,7 +3,8 @@
 * The drafter model class is registered for the ``DFlashDraftModel`` architecture through
   vLLM's public ``ModelRegistry``.
 * The engine-argument parser is wrapped so a dflash speculative config is checked against
-  its target (``drafter_config.check_speculative_config``) before vLLM processes it.
+  its target (``drafter_config.check_speculative_config``) before vLLM processes it, and
+  gets the adaptive draft-length schedule when that is on (``adaptive_gamma.configure``).
 * vLLM's model runner builds ``DFlashProposer`` from a name bound in its own module
   (``vllm.v1.worker.gpu_model_runner``), and checks ``isinstance(drafter, DFlashProposer)``
   against that same name, so rebinding that one name swaps the proposer everywhere. The
@@ -44,6 +45,7 @@ def _swap_proposer(runner_module: ModuleType) -> None:
 
 def _check_before_vllm(args_module: ModuleType) -> None:
     """Validate a dflash speculative config against its target before vLLM processes it."""
+    from vllm_dflash.serving.adaptive_gamma import configure
     from vllm_dflash.serving.drafter_config import check_speculative_config
 
     engine_args = args_module.EngineArgs
@@ -63,6 +65,7 @@ def _check_before_vllm(args_module: ModuleType) -> None:
                 spec.get("num_speculative_tokens") or self.spec_tokens,
                 target_parallel_config.pipeline_parallel_size,
             )
+            self.speculative_config = configure(self.speculative_config or {})
         return create(self, target_model_config, target_parallel_config)
 
     create_speculative_config._vllm_dflash = True  # type: ignore[attr-defined]

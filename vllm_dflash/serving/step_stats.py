@@ -85,9 +85,10 @@ class _RunnerTimes:
         self.step: dict[str, Any] = {}
         self.pending: list[dict[str, Any]] = []  # finished steps whose marks may be in flight
 
-    def resolved(self) -> list[tuple[float, float, int]]:
-        """(drafter_s, verify_s, plain decode batch or 0) of every pending step whose last
-        mark has completed."""
+    def resolved(self) -> list[dict[str, Any]]:
+        """Every pending step whose last mark has completed, as a record: ``drafter_s``,
+        ``verify_s``, ``plain`` (decode batch of a plain decode step, else 0) and what the
+        step ran (see ``_step_shape``)."""
         out, keep = [], []
         for s in self.pending:
             if not self.clock.ready(s["end"]):
@@ -95,9 +96,26 @@ class _RunnerTimes:
                 continue
             total = self.clock.seconds(s["start"], s["end"])
             draft = sum(self.clock.seconds(a, b) for a, b in s["drafts"])
-            out.append((draft, max(total - draft, 0.0), s["plain"]))
+            out.append({"drafter_s": draft, "verify_s": max(total - draft, 0.0), **s["shape"]})
         self.pending = keep
         return out
+
+
+def _step_shape(so: Any) -> dict[str, Any]:
+    """What a step ran: ``batch`` requests; ``decode_only`` when each computes just its
+    verified token plus its drafts (no prefill); ``verify_gamma``, the drafts verified per
+    request (mean, rounded); ``draft_gamma``, the drafts it proposes for the next step;
+    ``plain``, the batch when it is a plain decode step (nothing verified), else 0."""
+    n = len(so.num_scheduled_tokens)
+    drafts = sum(map(len, so.scheduled_spec_decode_tokens.values()))
+    decode_only = n > 0 and so.total_num_scheduled_tokens == n + drafts
+    return {
+        "batch": n,
+        "decode_only": decode_only,
+        "verify_gamma": round(drafts / n) if n else 0,
+        "draft_gamma": getattr(so, "num_spec_tokens_to_schedule", 0),
+        "plain": n if decode_only and not drafts else 0,
+    }
 
 
 def _time_runner(runner_module: Any) -> None:
@@ -117,10 +135,7 @@ def _time_runner(runner_module: Any) -> None:
 
     def execute_model(self, scheduler_output, *args, **kwargs):
         if (t := times(self)) is not None:
-            so = scheduler_output
-            n = len(so.num_scheduled_tokens)
-            plain = not so.scheduled_spec_decode_tokens and so.total_num_scheduled_tokens == n
-            t.step = {"start": t.clock.mark(), "drafts": [], "plain": n if plain else 0}
+            t.step = {"start": t.clock.mark(), "drafts": [], "shape": _step_shape(scheduler_output)}
         return execute(self, scheduler_output, *args, **kwargs)
 
     def propose_draft_token_ids(self, *args, **kwargs):
@@ -200,9 +215,9 @@ def _hook_scheduler(sched_module: Any) -> None:
         outputs = update(self, scheduler_output, model_runner_output)
         payload: dict[str, Any] = {}
         if timings:
-            payload["drafter_s"] = [d for d, _, _ in timings]
-            payload["verify_s"] = [v for _, v, _ in timings]
-        baseline = st.carry + [[b, v] for _, v, b in timings if b]
+            payload["drafter_s"] = [t["drafter_s"] for t in timings]
+            payload["verify_s"] = [t["verify_s"] for t in timings]
+        baseline = st.carry + [[t["plain"], t["verify_s"]] for t in timings if t["plain"]]
         if baseline:
             payload["baseline"] = baseline
         if id(scheduler_output) in st.no_verify:

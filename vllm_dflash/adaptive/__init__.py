@@ -1,0 +1,2 @@
+"""The adaptive draft length (``controller.py``), without vLLM; ``serving/adaptive_gamma.py``
+puts it into vLLM's scheduler. Policy and measurements: ``docs/adaptive-draft-length.md``."""
