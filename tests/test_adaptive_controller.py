@@ -190,3 +190,12 @@ def test_configure_adds_vllms_dynamic_schedule_only_when_on(monkeypatch):
     assert {k: v for k, v in on.items() if k != SCHEDULE_KEY} == spec
     with pytest.raises(DFlashConfigError, match=f"{SCHEDULE_KEY} and VLLM_DFLASH_ADAPTIVE=1"):
         configure({**spec, SCHEDULE_KEY: [[1, 8, 3]]})
+
+
+def test_probing_stops_when_no_step_can_measure_it():
+    """Under a stream of arrivals every step may carry a prefill, which is never
+    measured; the controller then gives up probing instead of cycling gamma forever."""
+    ctl = GammaController(15)
+    picks = [ctl.choose(8) for _ in range(400)]
+    late = picks[200:]
+    assert late.count(15) / len(late) > 0.9  # K, the choice without any cost estimate

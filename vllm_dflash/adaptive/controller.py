@@ -39,6 +39,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pydantic import Field
@@ -140,10 +141,8 @@ class _Table:
     def add(self, gamma: int, batch: int, seconds: float, keep: float) -> None:
         self.by_gamma.setdefault(gamma, _Fit()).add(batch, seconds, keep)
 
-    def at(self, gamma: int, batch: float) -> float | None:
+    def at(self, gamma: int, batch: float) -> float:
         """Interpolated linearly between measured gammas, flat beyond them."""
-        if not self.by_gamma:
-            return None
         gs = sorted(self.by_gamma)
         i = bisect.bisect_left(gs, gamma)
         if i < len(gs) and gs[i] == gamma:
@@ -175,26 +174,30 @@ class StepCosts:
     def samples(self, batch: int, gamma: int) -> int:
         """Measurements of the pair (draft at gamma, verify at gamma) at this bucket."""
         b = bucket(batch)
-        d = self.draft.get(b, _Table()).by_gamma.get(gamma)
-        v = self.verify.get(b, _Table()).by_gamma.get(gamma)
-        return min(d.samples if d else 0, v.samples if v else 0)
+        d, v = self.draft.get(b), self.verify.get(b)
+        fd = d.by_gamma.get(gamma) if d else None
+        fv = v.by_gamma.get(gamma) if v else None
+        return min(fd.samples, fv.samples) if fd and fv else 0
 
     def complete(self, b: int) -> bool:
         """Bucket ``b`` has both costs at every probe gamma."""
         return all(self.samples(b, g) > 0 for g in self.probes)
 
-    def seconds(self, batch: int, gamma: int) -> float | None:
-        """D + V at this batch; a bucket not fully measured yet borrows the nearest
-        complete one (in log batch size) until its own probes are in."""
+    def curve(self, batch: int) -> Callable[[int], float] | None:
+        """gamma -> D + V at this batch; a bucket not fully measured yet borrows the
+        nearest complete one (in log batch size) until its own probes are in."""
         own = bucket(batch)
         if not self.complete(own):
             done = [b for b in self.draft if self.complete(b)]
             if not done:
                 return None
             own = min(done, key=lambda m: (abs(math.log(m / bucket(batch))), m))
-            batch = min(batch, own)  # the cost of that bucket's batch sizes
-        ds, vs = self.draft[own].at(gamma, batch), self.verify[own].at(gamma, batch)
-        return None if ds is None or vs is None else ds + vs
+        d, v = self.draft[own], self.verify[own]
+        return lambda gamma: d.at(gamma, batch) + v.at(gamma, batch)
+
+    def seconds(self, batch: int, gamma: int) -> float | None:
+        f = self.curve(batch)
+        return None if f is None else f(gamma)
 
 
 @dataclass
@@ -220,6 +223,7 @@ class GammaController:
         self.step = 0
         self.explorations = 0
         self.last_probe: dict[tuple[int, int], int] = {}  # (bucket, gamma) -> step
+        self.attempts: Counter[tuple[int, int]] = Counter()  # (bucket, gamma) -> probes
         self.chosen: Counter[tuple[int, int]] = Counter()  # (batch, gamma) -> steps
         # The benchmark's cost sweep: a fixed gamma, and a record of every measured step.
         self.force: int | None = None
@@ -232,6 +236,7 @@ class GammaController:
         c = self._decide(batch)
         if c.probe:
             self.last_probe[(bucket(batch), c.gamma)] = self.step
+            self.attempts[(bucket(batch), c.gamma)] += 1
         self.chosen[(batch, c.gamma)] += 1
         return c.gamma
 
@@ -239,13 +244,18 @@ class GammaController:
         if self.force is not None:
             return Choice(min(self.force, self.k_max), probe=False)
         b = bucket(batch)
+        # A probe only measures on a step without prefill; one that got no measurement in
+        # 4x the probes it needs (a stream of arrivals) is left to the periodic refreshes.
+        need = self.s.adaptive_probe_samples
         unmeasured = [
-            g for g in self.probes if self.costs.samples(batch, g) < self.s.adaptive_probe_samples
+            g
+            for g in self.probes
+            if self.costs.samples(batch, g) < need and self.attempts[(b, g)] < 4 * need
         ]
         # A new bucket probes every other step (every step before any cost is known); the
         # steps between use the nearest measured bucket's costs. Probes cycle through the
         # gammas rather than measure one many times running.
-        if unmeasured and (self.step % 2 == 0 or self.costs.seconds(batch, 1) is None):
+        if unmeasured and (self.step % 2 == 0 or self.costs.curve(batch) is None):
             return Choice(min(unmeasured, key=lambda g: self.last_probe.get((b, g), -1)), True)
         best = self.best(batch)
         if unmeasured or self.step % self.s.adaptive_explore_every:
@@ -260,13 +270,10 @@ class GammaController:
 
     def rates(self, batch: int) -> dict[int, float]:
         """Expected tokens per second per request for each gamma with a cost estimate."""
-        tau = self.acceptance.tau()
-        out = {}
-        for g in range(1, self.k_max + 1):
-            t = self.costs.seconds(batch, g)
-            if t is not None and t > 0:
-                out[g] = tau[g] / t
-        return out
+        tau, cost = self.acceptance.tau(), self.costs.curve(batch)
+        if cost is None:
+            return {}
+        return {g: tau[g] / t for g in range(1, self.k_max + 1) if (t := cost(g)) > 0}
 
     def best(self, batch: int) -> int:
         """argmax of tau(gamma) / T(batch, gamma); the smallest gamma wins a tie, K

@@ -15,7 +15,8 @@ of each pure-decode step (``serving/step_stats.py``) gives
 and vLLM's per-position acceptance counters give tau(gamma). The analytic model
 (``analytic.py``) predicts speedup = tau * P / (D + V); measured speedup is the pass's
 tok/s over no speculation's, timed back to back. The engine loop around the runner
-(scheduling, output handling) is in the measurement, not in the model. Finally the
+(scheduling, output handling), steps that carry a new request's prefill, and the baseline
+steps (about 4 % of steps, plain decoding) are in the measurement, not in the model. Finally the
 controller (``adaptive/controller.py``) is given the sweep's measurements to show which
 gamma it picks at each concurrency.
 """
@@ -75,12 +76,13 @@ def cumulative_acceptance(runs: list[tuple[int, dict]], k_max: int) -> list[floa
     return out
 
 
-def controller_on_sweep(c: int, rows: list[SweepRow], runs: list[tuple[int, dict]]) -> int:
+def controller_on_sweep(c: int, rows: list[SweepRow], runs: list[tuple[int, dict]]) -> int | None:
     """The gamma the adaptive controller picks at concurrency ``c`` given the sweep's
     measurements: its cost tables hold the median drafter and verify times per gamma, and
     its acceptance estimate (pooled, no forgetting) every verification of the sweep, from vLLM's
     per-position counters (a draft with exactly j accepted tokens is counted
-    per_pos[j-1] - per_pos[j] times)."""
+    per_pos[j-1] - per_pos[j] times). None when some gamma has no pure-decode step at
+    batch ``c`` (the controller would then have no cost curve)."""
     gammas = [r.gamma for r in rows]
     pooled = AdaptiveSettings(adaptive=True, adaptive_half_life=10**9)  # like the model
     ctl = GammaController(max(gammas), pooled, probes=gammas)
@@ -94,7 +96,7 @@ def controller_on_sweep(c: int, rows: list[SweepRow], runs: list[tuple[int, dict
             exactly = at_least[j] - (at_least[j + 1] if j < g else 0)
             for _ in range(exactly):
                 ctl.observe_verify(g, j)
-    return ctl.best(c)
+    return ctl.best(c) if ctl.costs.complete(c) else None
 
 
 def analyse(
@@ -154,7 +156,7 @@ def markdown(rows: list[SweepRow]) -> str:
     return "\n".join(lines)
 
 
-def best_gammas(rows: list[SweepRow], choices: dict[int, int]) -> str:
+def best_gammas(rows: list[SweepRow], choices: dict[int, int | None]) -> str:
     lines = [
         "| concurrency | best γ, predicted | best γ, measured | controller's choice |",
         "|---:|---:|---:|---:|",
@@ -163,7 +165,8 @@ def best_gammas(rows: list[SweepRow], choices: dict[int, int]) -> str:
         mine = [r for r in rows if r.concurrency == c]
         pred = max((r for r in mine if r.predicted), key=lambda r: r.predicted, default=None)
         meas = max(mine, key=lambda r: r.measured)
-        lines.append(f"| {c} | {pred.gamma if pred else '–'} | {meas.gamma} | {choice} |")
+        shown = "–" if choice is None else choice
+        lines.append(f"| {c} | {pred.gamma if pred else '–'} | {meas.gamma} | {shown} |")
     return "\n".join(lines)
 
 
@@ -208,7 +211,8 @@ def measure(args: argparse.Namespace, prompts, workdir: Path, gammas: list[int])
         passes: dict[tuple[int, int], list[dict]] = {}
         plan = [(r, c, g) for r in range(args.repeats) for c in args.concurrency for g in gammas]
         for r, c, g in tqdm(plan, desc="timed passes", unit="pass"):
-            if g == (gammas[0] if r % 2 == 0 else gammas[-1]):  # none before each sweep
+            # One no-speculation pass per round and concurrency, timed next to the gammas.
+            if g == (gammas[0] if r % 2 == 0 else gammas[-1]):
                 passes.setdefault((c, 0), []).append(none.run(c))
             passes.setdefault((c, g), []).append(ours.run(c, gamma=g))
         return passes

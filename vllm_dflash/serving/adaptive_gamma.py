@@ -19,6 +19,7 @@ The verifier is untouched, so outputs stay exactly those of vLLM's rejection sam
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any
 
@@ -30,6 +31,8 @@ SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
 _ALL_BATCHES = 1 << 20  # vLLM clips a range to max_num_seqs, and a K to the configured K
 
+logger = logging.getLogger("vllm.plugins.vllm_dflash")
+
 # Controllers of the schedulers in this process (the benchmark reads and steers them).
 LIVE: weakref.WeakSet[GammaController] = weakref.WeakSet()
 
@@ -38,7 +41,7 @@ def configure(spec: dict[str, Any]) -> dict[str, Any]:
     """The dflash speculative config to hand to vLLM, with the adaptive schedule when on."""
     if not AdaptiveSettings.from_env().adaptive:
         return spec
-    if spec.get(SCHEDULE_KEY) is not None:
+    if any(k.replace("-", "_") == SCHEDULE_KEY and v is not None for k, v in spec.items()):
         raise DFlashConfigError(
             f"--speculative-config {SCHEDULE_KEY} and VLLM_DFLASH_ADAPTIVE=1 both choose "
             "the draft length. Fix: drop one of them"
@@ -71,9 +74,14 @@ def _hook_scheduler(sched_module: Any) -> None:
         init(self, *args, **kwargs)
         settings = AdaptiveSettings.from_env()
         spec = self.vllm_config.speculative_config
-        if not (settings.adaptive and self.dynamic_sd_lookup is not None and spec):
+        if not (settings.adaptive and spec and spec.method == "dflash"):
             return
-        if spec.method != "dflash":
+        if self.dynamic_sd_lookup is None:  # vLLM turned it off (data parallelism)
+            logger.warning(
+                "vllm-dflash: VLLM_DFLASH_ADAPTIVE=1 has no effect: vLLM runs without "
+                "dynamic speculative decoding here, so every step drafts %d tokens",
+                self.num_spec_tokens,
+            )
             return
         self._dflash_gamma = GammaController(self.num_spec_tokens, settings)
         LIVE.add(self._dflash_gamma)
@@ -93,10 +101,11 @@ def _hook_scheduler(sched_module: Any) -> None:
 def _observe(controller: GammaController, so: Any, mro: Any) -> None:
     index = getattr(mro, "req_id_to_index", None) or {}
     sampled = getattr(mro, "sampled_token_ids", None) or []
+    invalid = so.num_invalid_spec_tokens or {}  # drafts a grammar rejected: not verified
     for req_id, drafts in so.scheduled_spec_decode_tokens.items():
         i = index.get(req_id)
         if i is not None and i < len(sampled) and sampled[i]:
-            controller.observe_verify(len(drafts), len(sampled[i]) - 1)
+            controller.observe_verify(len(drafts) - invalid.get(req_id, 0), len(sampled[i]) - 1)
     for t in getattr(mro, "dflash_timings", None) or []:
         if t["decode_only"]:
             controller.observe_step(
