@@ -8,7 +8,7 @@ from vllm_dflash.bench.compare_backends import compare, markdown, percentiles_ms
 
 
 def _pass(seconds: float, outputs=((1, 2, 3, 4),), drafts=2, accepted=3) -> dict:
-    spec = {"drafts": drafts, "accepted": accepted}
+    spec = {"drafts": drafts, "draft_tokens": 7 * drafts, "accepted": accepted}
     return {"seconds": seconds, "outputs": [list(o) for o in outputs], "spec": spec}
 
 
@@ -24,10 +24,12 @@ def test_paired_ratios_and_flags():
     assert rows["dflash"].ratio_vs_builtin == pytest.approx(2.0)
     assert rows["dflash"].speedup_vs_none == pytest.approx(4.0)
     assert rows["dflash"].acceptance_length == pytest.approx(2.5)
+    assert rows["dflash"].draft_tokens_per_step == pytest.approx(7.0)
+    assert rows["none"].draft_tokens_per_step is None
     assert rows["none"].acceptance_length is None and rows["none"].ratio_vs_builtin is None
     assert all(r.matches_none for r in rows.values())
     table = markdown(list(rows.values()))
-    assert "| dflash | 1 | 4.0 | 2.500 | 4.00× | 2.000 | – | – | yes |" in table
+    assert "| dflash | 1 | 4.0 | 7.00 | 2.500 | 4.00× | 2.000 | – | – | yes |" in table
 
 
 def test_different_output_is_flagged():
