@@ -159,18 +159,24 @@ def run(args: argparse.Namespace) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vllm-dflash-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     if args.sweep_draft_cost:
-        from vllm_dflash.bench.sweep import sweep
+        from vllm_dflash.bench import sweep
 
-        return sweep(args, prompts, workdir)
+        return _report(args, *sweep.sweep(args, prompts, workdir), sweep.plot)
     backends = list(dict.fromkeys([*args.backends, "none"]))  # speedups need the baseline
     passes = measure(args, prompts, workdir, backends)  # an engine failure exits 2, named
     seconds = {f"{b}@{c}": [r["seconds"] for r in runs] for (b, c), runs in passes.items()}
     (workdir / "pass_seconds.json").write_text(json.dumps(seconds, indent=1))
     rows = compare(passes, args.concurrency, backends)
-    print(markdown(rows))
+    return _report(args, rows, markdown(rows), plot)
+
+
+def _report(args: argparse.Namespace, rows: list, text: str, plot_rows) -> int:
+    """Print the tables, write ``--json`` and ``--plot``; exit 1 if any greedy output
+    differed from no speculation's."""
+    print(text)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
     if args.plot:
-        plot(rows, args.plot)
+        plot_rows(rows, args.plot)
         print(f"plot: {args.plot}")
     return 0 if all(r.matches_none for r in rows) else 1

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -221,7 +221,8 @@ def measure(args: argparse.Namespace, prompts, workdir: Path, gammas: list[int])
             engine.close()
 
 
-def sweep(args: argparse.Namespace, prompts, workdir: Path) -> int:
+def sweep(args: argparse.Namespace, prompts, workdir: Path) -> tuple[list[SweepRow], str]:
+    """Measure, analyse; the rows and their tables (``run.py`` prints and writes them)."""
     gammas = args.sweep_gammas or [*(g for g in SWEEP_GAMMAS if g < args.k), args.k]
     gammas = sorted(set(gammas))
     passes = measure(args, prompts, workdir, gammas)
@@ -237,12 +238,4 @@ def sweep(args: argparse.Namespace, prompts, workdir: Path) -> int:
         )
         for c in args.concurrency
     }
-    print(markdown(rows))
-    print()
-    print(best_gammas(rows, choices))
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
-    if args.plot:
-        plot(rows, args.plot)
-        print(f"plot: {args.plot}")
-    return 0 if all(r.matches_none for r in rows) else 1
+    return rows, f"{markdown(rows)}\n\n{best_gammas(rows, choices)}"
