@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # pytest-xdist workers: this machine has 2 cores, and the tests pin torch to one thread.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install demo test test-fast lint format dashboard clean
+.PHONY: install demo test test-fast lint format dashboard manifests clean
 
 install: $(STAMP)
 
@@ -35,6 +35,10 @@ lint: $(STAMP)
 
 dashboard: $(STAMP)
 	$(PY) -m vllm_dflash.observability.dashboard
+
+# The Kubernetes PrometheusRule and dashboard ConfigMap carry the rule file and the dashboard.
+manifests: dashboard
+	$(PY) -m vllm_dflash.observability.k8s_monitoring
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

@@ -86,3 +86,13 @@ def test_train_rejects_bad_config_before_training(target_dir, tmp_path):
     out = _run("train", "--config", str(cfg), "--block-size", "1")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "field 'lr'" in out.stderr and "field 'block_size'" in out.stderr
+
+
+def test_serve_default_hands_every_argument_to_vllm():
+    """Options may come first (`serve-default --port 8000`, as the CPU image runs it; `serve`
+    takes the same path); vLLM's parser, not ours, answers them."""
+    out = _run("serve-default", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "usage: vllm serve" in out.stdout
+    bad = _run("serve-default", "--no-such-flag")
+    assert bad.returncode != 0 and "--no-such-flag" in bad.stderr

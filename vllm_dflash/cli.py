@@ -46,6 +46,13 @@ def _serve(args: argparse.Namespace) -> int:
     return vllm_cli.run(["serve", *args.vllm_args])
 
 
+def _serve_default(args: argparse.Namespace) -> int:
+    from vllm_dflash import assets
+    from vllm_dflash.serving import vllm_cli
+
+    return vllm_cli.run(["serve", *assets.serve_args(args.vllm_args)])
+
+
 def _gen_data(args: argparse.Namespace) -> int:
     from vllm_dflash.train.gen_data import gen_data
 
@@ -211,11 +218,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("vllm_args", nargs=argparse.REMAINDER, help="arguments for `vllm serve`")
     s.set_defaults(func=_serve)
+
+    sd = sub.add_parser(
+        "serve-default",
+        help="`vllm serve` the embedded default (code model + DFlash drafter, no download); "
+        "further arguments go to `vllm serve` (the CPU container's command)",
+    )
+    sd.add_argument("vllm_args", nargs=argparse.REMAINDER, help="more `vllm serve` arguments")
+    sd.set_defaults(func=_serve_default)
     return p
 
 
+# Commands whose arguments all belong to `vllm serve`. argparse's REMAINDER cannot take an
+# option as the first remaining word (`serve-default --port 8000`), so these skip argparse.
+_PASSTHROUGH = {"serve": _serve, "serve-default": _serve_default}
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _PASSTHROUGH:
+        args = argparse.Namespace(func=_PASSTHROUGH[argv[0]], vllm_args=argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except DFlashError as e:

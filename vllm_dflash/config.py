@@ -290,6 +290,32 @@ class TargetConfig(JsonConfig):
         return data
 
 
+class DFlashSpeculativeConfig(JsonConfig):
+    """The JSON of ``vllm serve --speculative-config`` for DFlash, as a deployment writes it.
+
+    Only the fields DFlash gives meaning to are typed here; vLLM's own ``SpeculativeConfig``
+    refuses any other unknown key when the engine starts, so a manifest test checks the
+    remaining names against it too (tests/test_deploy_k8s.py)."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: ClassVar[str] = "--speculative-config"
+
+    method: Literal["dflash"]
+    model: str = Field(min_length=1)
+    num_speculative_tokens: int | None = Field(default=None, ge=1)
+    revision: str | None = None
+    draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
+
+
+_FIELD_FIXES |= {
+    "method": 'set "method": "dflash"',
+    "model": 'set "model" to the drafter (hub id or directory), e.g. z-lab/Qwen3-8B-DFlash-b16',
+    "num_speculative_tokens": "set num_speculative_tokens between 1 and block_size - 1 "
+    "(15 for a b16 drafter)",
+    "draft_tensor_parallel_size": "leave it out (the drafter follows the target) or set 1",
+}
+
+
 def check_compatible(draft: DrafterConfig, target: TargetConfig) -> None:
     """Raise one error listing every way ``draft`` cannot serve ``target``."""
     problems: list[str] = []

