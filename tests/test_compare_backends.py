@@ -15,7 +15,11 @@ def _pass(seconds: float, outputs=((1, 2, 3, 4),), drafts=2, accepted=3) -> dict
 def test_paired_ratios_and_flags():
     passes = {
         # round 2 is a slow spell for everyone: the paired ratio ignores it
-        ("dflash", 1): [_pass(1.0), _pass(4.0), _pass(1.0)],
+        ("dflash", 1): [
+            _pass(1.0) | {"drafter_s": [0.001, 0.003]},
+            _pass(4.0) | {"drafter_s": [0.002]},
+            _pass(1.0),
+        ],
         ("builtin", 1): [_pass(2.0), _pass(8.0), _pass(2.0)],
         ("none", 1): [_pass(4.0, drafts=0), _pass(16.0, drafts=0), _pass(4.0, drafts=0)],
     }
@@ -26,10 +30,12 @@ def test_paired_ratios_and_flags():
     assert rows["dflash"].acceptance_length == pytest.approx(2.5)
     assert rows["dflash"].draft_tokens_per_step == pytest.approx(7.0)
     assert rows["none"].draft_tokens_per_step is None
+    assert rows["dflash"].drafter_ms == pytest.approx(2.0)  # mean over every drafting step
+    assert rows["builtin"].drafter_ms is None  # its passes carried no records
     assert rows["none"].acceptance_length is None and rows["none"].ratio_vs_builtin is None
     assert all(r.matches_none for r in rows.values())
     table = markdown(list(rows.values()))
-    assert "| dflash | 1 | 4.0 | 7.00 | 2.500 | 4.00× | 2.000 | – | – | yes |" in table
+    assert "| dflash | 1 | 4.0 | 7.00 | 2.500 | 4.00× | 2.000 | 2.00 | – | – | yes |" in table
 
 
 def test_different_output_is_flagged():

@@ -84,8 +84,11 @@ def test_image_runs_non_root_with_a_health_check_and_no_weights(path):
     # Only the package's sources are copied in: models come from /models at run time.
     copied = [rest.split()[:-1] for word, rest in steps if word == "COPY"]
     assert sorted(src for srcs in copied for src in srcs) == [
+        "MANIFEST.in",
         "README.md",
+        "csrc",
         "pyproject.toml",
+        "setup.py",
         "vllm_dflash",
     ]
     assert dockerfile_env(path)["HF_HOME"].startswith("/models/")

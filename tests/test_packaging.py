@@ -39,6 +39,8 @@ VLLM_FREE = [
     "vllm_dflash.observability.names",
     "vllm_dflash.observability.baseline",
     "vllm_dflash.observability.dashboard",
+    "vllm_dflash.ops",  # and the compiled extension it loads
+    "vllm_dflash.ops.reference",
 ]
 
 
@@ -46,6 +48,7 @@ def test_core_modules_do_not_import_vllm():
     code = (
         "import importlib, sys\n"
         + "".join(f"importlib.import_module({m!r})\n" for m in VLLM_FREE)
+        + "import vllm_dflash.ops; assert vllm_dflash.ops.load()\n"
         + "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), 'vllm'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -150,6 +150,9 @@ def test_log_says_ours_serves(served):
     _, log = served
     assert "vllm-dflash serves method 'dflash'" in log
     assert "drafting from target layers" in log
+    # The compiled ops served these greedy-lossless runs (csrc/, built by `make install`).
+    assert "vllm-dflash: custom ops loaded (CPU)" in log
+    assert "context K/V through the fused inject_context_kv op (cpu" in log
 
 
 @pytest.mark.parametrize("job", ["c1", "c8"])

@@ -26,12 +26,13 @@ from tqdm import tqdm
 from vllm_dflash.errors import DFlashConfigError, DFlashError
 
 BACKENDS = ("dflash", "builtin", "none")
-KINDS = ("dflash", "builtin", "none", "adaptive")
+KINDS = ("dflash", "builtin", "none", "adaptive", "dflash-pytorch")
 
 
 def parse_backend(label: str) -> tuple[str, int | None]:
     """``kind`` or ``kind:K``: dflash (ours), builtin (vLLM's), adaptive (ours, draft length
-    chosen per step, K the most), none; K overrides the run's draft tokens per step."""
+    chosen per step, K the most), dflash-pytorch (ours without the compiled ops: the
+    before/after of csrc/), none; K overrides the run's draft tokens per step."""
     kind, _, k = label.partition(":")
     if kind not in KINDS or (k and (not k.isdigit() or int(k) < 1 or kind == "none")):
         raise DFlashConfigError(
@@ -53,6 +54,7 @@ class Row:
     draft_tokens_per_step: float | None = None  # mean drafts verified per request and step
     ttft_ms: tuple[float, float, float] | None = None  # p50, p90, p99
     tpot_ms: tuple[float, float, float] | None = None
+    drafter_ms: float | None = None  # model-runner time in the proposer per drafting step
 
 
 def percentiles_ms(values: list[float]) -> tuple[float, float, float] | None:
@@ -110,6 +112,7 @@ class Engine:
             | {
                 "VLLM_DFLASH_BACKEND": "builtin" if kind == "builtin" else "dflash",
                 "VLLM_DFLASH_ADAPTIVE": "1" if kind == "adaptive" else "0",
+                "VLLM_DFLASH_CUSTOM_OPS": "0" if kind == "dflash-pytorch" else "1",
                 "VLLM_DFLASH_BENCH_FD": str(write),
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             }
@@ -184,6 +187,10 @@ def _paired(runs: list[dict], base: list[dict]) -> float:
     return statistics.median(_tps(r) / _tps(b) for r, b in zip(runs, base, strict=True))
 
 
+def _mean_ms(seconds: list[float]) -> float | None:
+    return 1e3 * statistics.fmean(seconds) if seconds else None
+
+
 def compare(
     passes: dict[tuple[str, int], list[dict]],
     concurrency: list[int],
@@ -213,6 +220,7 @@ def compare(
                     else None,
                     ttft_ms=percentiles_ms([t for r in runs for t in r.get("ttft", ())]),
                     tpot_ms=percentiles_ms([t for r in runs for t in r.get("tpot", ())]),
+                    drafter_ms=_mean_ms([s for r in runs for s in r.get("drafter_s", ())]),
                 )
             )
     return rows
@@ -227,15 +235,17 @@ def markdown(rows: list[Row]) -> str:
 
     lines = [
         "| backend | concurrency | output tok/s | drafts / step | acceptance length | vs none "
-        "| vs built-in | TTFT p50 / p90 ms | TPOT p50 / p90 ms | greedy = none |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        "| vs built-in | drafter ms / step | TTFT p50 / p90 ms | TPOT p50 / p90 ms "
+        "| greedy = none |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r.backend} | {r.concurrency} | {r.tokens_per_s:.1f} | "
             f"{f(r.draft_tokens_per_step, '.2f')} | {f(r.acceptance_length, '.3f')} | "
             f"{r.speedup_vs_none:.2f}× | "
-            f"{f(r.ratio_vs_builtin, '.3f')} | {pct(r.ttft_ms)} | {pct(r.tpot_ms)} | "
+            f"{f(r.ratio_vs_builtin, '.3f')} | {f(r.drafter_ms, '.2f')} | "
+            f"{pct(r.ttft_ms)} | {pct(r.tpot_ms)} | "
             f"{'yes' if r.matches_none else 'NO'} |"
         )
     return "\n".join(lines)

@@ -105,6 +105,30 @@ def _timed_pass(llm: Any, prompts: list[list[int]], concurrency: int, max_tokens
     return outputs, seconds, counters_delta(spec_counters(llm), before), timing
 
 
+class DrafterTimes:
+    """Per engine step, the model runner's time in the proposer: the records our runner
+    hooks attach to each step's output (``serving/step_stats.py``; CUDA-event timed on a
+    GPU), read as the in-process scheduler takes them. Steps that drafted nothing (plain
+    decoding, no speculation) are left out."""
+
+    def __init__(self, llm: Any) -> None:
+        self.seconds: list[float] = []
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        update = scheduler.update_from_output
+
+        def update_from_output(scheduler_output, model_runner_output):
+            for t in getattr(model_runner_output, "dflash_timings", None) or ():
+                if t["drafter_s"] > 0:
+                    self.seconds.append(t["drafter_s"])
+            return update(scheduler_output, model_runner_output)
+
+        scheduler.update_from_output = update_from_output
+
+    def take(self) -> list[float]:
+        out, self.seconds = self.seconds, []
+        return out
+
+
 def _controllers() -> list[Any]:
     """The adaptive controllers of this process's engine (one, or none when it is off)."""
     try:
@@ -114,15 +138,19 @@ def _controllers() -> list[Any]:
     return list(LIVE)
 
 
-def _steered_pass(llm: Any, prompts, concurrency: int, max_tokens: int, gamma: int | None):
+def _steered_pass(
+    llm: Any, prompts, concurrency: int, max_tokens: int, gamma: int | None, drafter: DrafterTimes
+):
     """A timed pass; with ``gamma``, the adaptive controller drafts exactly that many
     tokens every step, and the pass reports the runner's per-step records."""
     controllers = _controllers()
+    drafter.take()
     for c in controllers:
         c.force, c.trace = gamma, [] if gamma else None
         c.chosen.clear()
     outputs, seconds, spec, timing = _timed_pass(llm, prompts, concurrency, max_tokens)
     run = {"concurrency": concurrency, "seconds": seconds, "outputs": outputs, "spec": spec}
+    run["drafter_s"] = drafter.take()
     for c in controllers:
         run["chosen"] = [[b, g, n] for (b, g), n in sorted(c.chosen.items())]
         if c.trace is not None:
@@ -148,11 +176,12 @@ def main(path: str) -> None:
         **engine_args(req.get("engine")),
     )
     prompts, max_tokens = req["prompts"], req["max_tokens"]
+    drafter = DrafterTimes(llm)
     _timed_pass(llm, prompts[:8], 2, max_tokens)  # warm-up, excluded
     results.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         cmd = json.loads(line)
-        run = _steered_pass(llm, prompts, cmd["concurrency"], max_tokens, cmd.get("gamma"))
+        run = _steered_pass(llm, prompts, cmd["concurrency"], max_tokens, cmd.get("gamma"), drafter)
         results.write(json.dumps(run) + "\n")
 
 

@@ -66,7 +66,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--backends",
         type=_backends,
         default=["dflash", "builtin", "none"],
-        help="dflash, builtin, adaptive, none; ':K' sets a backend's draft tokens (dflash:7)",
+        help="dflash, dflash-pytorch (ours without the csrc/ ops), builtin, adaptive, none; "
+        "':K' sets a backend's draft tokens (dflash:7)",
     )
     p.add_argument("--concurrency", type=_ints, default=[1, 4, 16, 32])
     p.add_argument("--prompts", type=Path, default=assets.HELDOUT_PROMPTS)

@@ -9,7 +9,8 @@ Two entry points per decoding step, both driven by our proposer:
 * ``write_context_kv(features, positions, slots)``: the target's fused features for newly
   computed positions go through ``fc`` -> ``hidden_norm`` -> every layer's k/v projection
   (one GEMM for all layers) -> ``k_norm`` -> RoPE, and are written into each layer's paged
-  cache. This is the only place context K/V is produced; it is never recomputed.
+  cache; after the GEMM, one fused op (``context_kv.py``, csrc/) where it is built.
+  This is the only place context K/V is produced; it is never recomputed.
 * ``forward(input_ids, positions)``: the block (anchor + masks) runs through the layers; its
   queries attend to the cached context plus the block itself with no causal mask (the
   attention metadata says ``causal=False``). The block's own K/V lands in the cache at the
@@ -38,7 +39,9 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
+from vllm_dflash import ops
 from vllm_dflash.config import DrafterConfig
+from vllm_dflash.serving.context_kv import ContextKvWriter
 from vllm_dflash.serving.drafter_config import drafter_config_of
 
 # Checkpoint names of the separate q/k/v and gate/up projections -> our fused parameters.
@@ -98,6 +101,8 @@ class DrafterAttention(nn.Module):
             max_position=cfg.max_position_embeddings,
             rope_parameters={"rope_type": "default", "rope_theta": cfg.resolved_rope_theta},
         )
+        # Set at the first forward when the compiled qk_norm_rope op serves this device.
+        self._cos_sin: torch.Tensor | None = None
         vllm_config = get_current_vllm_config()
         self.attn = Attention(
             self.num_heads,
@@ -110,11 +115,27 @@ class DrafterAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        n, hd = x.shape[0], self.head_dim
-        q = self.q_norm(q.reshape(n, -1, hd)).reshape(n, self.q_size)
-        k = self.k_norm(k.reshape(n, -1, hd)).reshape(n, self.kv_size)
-        q, k = self.rotary_emb(positions, q, k)
+        if self._cos_sin is None and ops.has_kernel(qkv.device):
+            self._cos_sin = self.rotary_emb.cos_sin_cache.to(qkv.dtype).contiguous()
+        if self._cos_sin is not None:  # q_norm, k_norm and RoPE in one op, in place
+            torch.ops.vllm_dflash.qk_norm_rope(
+                qkv,
+                self.q_norm.weight,
+                self.k_norm.weight,
+                self.q_norm.eps,
+                positions,
+                self._cos_sin,
+                self.rotary_emb.is_neox_style,
+                self.num_heads,
+                self.num_kv_heads,
+            )
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        else:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            n, hd = x.shape[0], self.head_dim
+            q = self.q_norm(q.reshape(n, -1, hd)).reshape(n, self.q_size)
+            k = self.k_norm(k.reshape(n, -1, hd)).reshape(n, self.kv_size)
+            q, k = self.rotary_emb(positions, q, k)
         out, _ = self.o_proj(self.attn(q, k, v))
         return out
 
@@ -217,23 +238,10 @@ class DFlashDraftModel(nn.Module):
     ) -> None:
         """Project ``context`` ([N, H], already fused) to every layer's K/V and write it at
         ``slots`` (None: compute only, as in vLLM's memory-profiling dummy run)."""
-        layers = self.model.layers
-        attn0 = layers[0].self_attn
-        n, L = context.shape[0], len(layers)
-        nkv, hd = attn0.num_kv_heads, attn0.head_dim
+        attn0 = self.model.layers[0].self_attn
+        n, L = context.shape[0], len(self.model.layers)
         kv = nn.functional.linear(context, self._ctx_kv_weight, self._ctx_kv_bias)
-        kv = kv.view(n, L, 2, nkv, hd)
-        k = nn.functional.rms_norm(kv[:, :, 0], (hd,), eps=self._k_norm_eps)
-        k = k * self._k_norm_weight.view(1, L, 1, hd)
-        # One RoPE call for all layers: they share head_dim, theta and positions.
-        k = attn0.rotary_emb(positions.repeat_interleave(L), k.reshape(n * L, nkv * hd))[0]
-        k = k.view(n, L, nkv, hd)
-        v = kv[:, :, 1]
-        if slots is None:
-            return
-        for i, layer in enumerate(layers):
-            attn = layer.self_attn.attn
-            attn.impl.do_kv_cache_update(attn, k[:, i], v[:, i], attn.kv_cache, slots)
+        self._context_kv(kv.view(n, L, 2, attn0.num_kv_heads, attn0.head_dim), positions, slots)
 
     def _stack_context_weights(self) -> None:
         """Stack every layer's k/v rows of ``qkv_proj`` into one matrix (one GEMM per step
@@ -245,8 +253,9 @@ class DFlashDraftModel(nn.Module):
         self._ctx_kv_bias = (
             None if biases[0] is None else torch.cat([b[q:] for b in biases]).clone()
         )
-        self._k_norm_weight = torch.stack([a.k_norm.weight for a in attns]).contiguous()
-        self._k_norm_eps = attns[0].k_norm.eps
+        k_norm_weight = torch.stack([a.k_norm.weight for a in attns]).contiguous()
+        # k_norm -> RoPE -> paged-cache write: the fused op when it can run (context_kv.py).
+        self._context_kv = ContextKvWriter(attns, k_norm_weight, attns[0].k_norm.eps)
 
     # ---- weights ------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
