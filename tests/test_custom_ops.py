@@ -19,9 +19,14 @@ from vllm_dflash import ops
 from vllm_dflash.ops import reference
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _extension():
+    """Loads the extension in every test process (xdist workers each import this module)."""
+    assert ops.load(), "vllm_dflash._C did not load: run `make install` (needs a C++ compiler)"
+
+
 def test_make_install_built_the_extension():
     """`make install` builds the CPU kernel; everything below runs it."""
-    assert ops.load(), "vllm_dflash._C did not load: run `make install` (needs a C++ compiler)"
     assert "CPU" in ops.kernel_devices()
 
 
