@@ -55,7 +55,6 @@ def extension_args() -> dict:
             "vllm_dflash._C",
             CPU_SOURCES + CUDA_SOURCES,
             extra_compile_args=flags | {"nvcc": ["-O3"]},
-            define_macros=[("VLLM_DFLASH_WITH_CUDA", "1")],
         )
     else:
         why = "a CPU build of torch" if not torch.version.cuda else "no nvcc found"

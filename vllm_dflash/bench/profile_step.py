@@ -127,8 +127,8 @@ def profile(concurrencies: list[int], max_tokens: int, num_prompts: int) -> str:
     for c in concurrencies:
         timer.reset()
         _timed_pass(llm, prompts, c, max_tokens)
-        wall = {k: v / max(timer.calls["propose (total)"], 1) * 1e6 for k, v in timer.wall.items()}
-        steps = timer.calls["propose (total)"]
+        steps = timer.calls[STAGES[0][0]]
+        wall = {k: v / max(steps, 1) * 1e6 for k, v in timer.wall.items()}
         # A profiler trace of every op is large: the op pass runs a shorter slice.
         timer.profiling = True
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

@@ -40,8 +40,9 @@ class ContextKvWriter:
 
     def __call__(self, kv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None):
         """``kv`` [N, layers, 2, kv_heads, head_dim] straight from the stacked projection."""
-        if slots is not None and self._decide(kv) is not None:
-            keys, values, cos_sin = self._fused  # type: ignore[misc]
+        fused = None if slots is None else self._decide(kv)
+        if fused is not None:
+            keys, values, cos_sin = fused
             torch.ops.vllm_dflash.inject_context_kv(
                 kv,
                 self.k_norm_weight,
@@ -72,7 +73,9 @@ class ContextKvWriter:
             layer.impl.do_kv_cache_update(layer, k[:, i], kv[:, i, 1], layer.kv_cache, slots)
 
     # ---- choosing the path, once per cache allocation -----------------------------------
-    def _decide(self, kv: torch.Tensor) -> object | None:
+    def _decide(
+        self, kv: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None:
         cache = self.attns[0].attn.kv_cache
         if self._decided_for is cache:
             return self._fused
@@ -83,8 +86,8 @@ class ContextKvWriter:
             views = [paged_views(a.attn, kv.shape[-2], kv.shape[-1]) for a in self.attns]
             if all(v is not None for v in views):
                 cos_sin = self.rope.cos_sin_cache.to(kv.dtype).contiguous()
-                keys = [v[0] for v in views]  # type: ignore[index]
-                values = [v[1] for v in views]  # type: ignore[index]
+                keys = [v[0] for v in views if v is not None]
+                values = [v[1] for v in views if v is not None]
                 self._fused = (keys, values, cos_sin)
                 logger.info(
                     "vllm-dflash: context K/V through the fused inject_context_kv op (%s, %s)",
