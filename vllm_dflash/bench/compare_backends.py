@@ -76,6 +76,21 @@ class EngineFailed(DFlashError):
         super().__init__(f"the {backend} engine failed (exit {code}): {last}\n  full log: {log}")
 
 
+def cpu_binding(ranks: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` giving each tensor-parallel rank an equal share of this
+    process's cores ("0|1" for two ranks on two cores). Without it vLLM's CPU build binds by
+    NUMA node and refuses more ranks than nodes."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < ranks:
+        raise DFlashConfigError(
+            f"--tensor-parallel-size {ranks} needs at least {ranks} cores for one rank each, "
+            f"this process may use {len(cores)}. Fix: lower it, or set "
+            "VLLM_CPU_OMP_THREADS_BIND yourself"
+        )
+    share = len(cores) // ranks
+    return "|".join(",".join(map(str, cores[r * share : (r + 1) * share])) for r in range(ranks))
+
+
 class Engine:
     """A running engine_worker process for one backend."""
 
@@ -93,14 +108,18 @@ class Engine:
         if kind != "none":
             k = k or args.k
             spec = {"method": "dflash", "model": str(args.draft), "num_speculative_tokens": k}
+        tp = getattr(args, "tensor_parallel_size", 1)
         request = {
             "target": str(args.target),
             "speculative_config": spec,
             "prompts": prompts,
             "max_tokens": args.max_tokens,
             # One process runs engine core and model: an idle engine then blocks instead of
-            # polling, and does not steal CPU from the backend being timed.
-            "engine": {"distributed_executor_backend": "uni"},
+            # polling, and does not steal CPU from the backend being timed. Tensor
+            # parallelism needs a worker process per rank (vLLM's multiprocessing executor).
+            "engine": {"distributed_executor_backend": "uni"}
+            if tp == 1
+            else {"tensor_parallel_size": tp},
         }
         name = backend.replace(":", "-k")
         req_path = workdir / f"{name}.req.json"
@@ -119,6 +138,8 @@ class Engine:
             | (env or {})
         )
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if tp > 1:  # vLLM's CPU build; GPU builds ignore it
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_binding(tp))
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "vllm_dflash.bench.engine_worker", str(req_path)],

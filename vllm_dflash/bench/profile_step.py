@@ -12,9 +12,10 @@ prompts, greedy, concurrency held constant (``engine_worker._timed_pass``):
 
 Stages: feature gathering (rows of accepted tokens), fuse (fc -> hidden_norm), context K/V
 (k/v projection -> k_norm -> RoPE -> paged-cache write; its ops are listed one by one),
-drafter forward, logits, the rest of ``propose`` (block inputs, attention metadata,
-argmax), and vLLM's rejection sampler (verification). ``VLLM_DFLASH_CUSTOM_OPS=0`` profiles
-the PyTorch path. The op pass covers a shorter slice of prompts (a full trace is gigabytes).
+drafter forward, draft tokens (lm_head and the vocabulary-parallel argmax), the rest of
+``propose`` (block inputs, attention metadata), and vLLM's rejection sampler
+(verification). ``VLLM_DFLASH_CUSTOM_OPS=0`` profiles the PyTorch path. The op pass covers a
+shorter slice of prompts (a full trace is gigabytes).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ STAGES = [
     ("fuse: fc -> hidden_norm", "model", "fuse"),
     ("context K/V injection", "model", "write_context_kv"),
     ("drafter forward", "model", "forward"),
-    ("logits (lm_head)", "model", "compute_logits"),
+    ("draft tokens (lm_head + argmax)", "model", "get_top_tokens"),
     ("verification (rejection sampler)", "sampler", "forward"),
 ]
 
@@ -167,7 +168,7 @@ def _table(c: int, steps: int, wall: dict[str, float], ops: dict[str, dict[str, 
     rest = wall.get("propose (total)", 0.0) - nested
     own = sum(ops.get("propose (total)", {}).values())
     lines.append(
-        f"| glue in propose (block inputs, metadata, argmax) | {rest:.0f} | {own:.0f} | "
+        f"| glue in propose (block inputs, metadata) | {rest:.0f} | {own:.0f} | "
         f"{rest - own:.0f} | |"
     )
     return "\n".join(lines)

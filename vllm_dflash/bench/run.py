@@ -2,7 +2,8 @@
 
     vllm-dflash bench [--target T --draft D] [--backends dflash,builtin,none]
         [--concurrency 1,4,16,32] [--prompts P.jsonl --num-prompts N --max-tokens M]
-        [--k K --repeats R] [--json out.json] [--plot out.png] [--workdir DIR]
+        [--k K --repeats R] [--tensor-parallel-size N]
+        [--json out.json] [--plot out.png] [--workdir DIR]
         [--sweep-draft-cost [--sweep-gammas 1,2,3,4,6,8,12,15]]
 
 Backends: ``dflash`` (ours), ``builtin`` (vLLM's), ``adaptive`` (ours, draft length chosen
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -74,6 +76,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--k", type=int, help="draft tokens per step (default: block size - 1)")
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="ranks per engine (target and drafter sharded alike); on a CPU build each rank "
+        "gets an equal share of the cores unless VLLM_CPU_OMP_THREADS_BIND is set",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed passes per backend and load")
     p.add_argument("--json", type=Path, help="write the rows as JSON here")
     p.add_argument("--plot", type=Path, help="write tok/s and acceptance plots here (.png)")
@@ -115,6 +124,12 @@ def _check_models(args: argparse.Namespace) -> None:
             )
     from vllm_dflash.bench.compare_backends import parse_backend
 
+    if args.tensor_parallel_size < 1:
+        raise DFlashConfigError(f"--tensor-parallel-size {args.tensor_parallel_size}: need >= 1")
+    if args.tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        from vllm_dflash.bench.compare_backends import cpu_binding
+
+        cpu_binding(args.tensor_parallel_size)  # enough cores for one rank each
     block = DrafterConfig.from_file(args.draft / "config.json").block_size
     args.k = args.k or block - 1
     if not 1 <= args.k < block:

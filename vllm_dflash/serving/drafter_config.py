@@ -8,6 +8,7 @@ start with one message that names the field and the fix.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -51,13 +52,22 @@ def target_config_of(hf_config: Any, name: str) -> TargetConfig:
     return TargetConfig.from_dict(fields, source=f"target {name}")
 
 
+@dataclass(frozen=True)
+class Parallelism:
+    """The parallel layout the drafter is served with (vLLM's names; None = not given)."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    draft_tensor_parallel_size: int | None = None
+
+
 def check_speculative_config(
     draft_model: str,
     revision: str | None,
     target_hf_config: Any,
     target_name: str,
     num_speculative_tokens: int | None,
-    pipeline_parallel_size: int = 1,
+    parallel: Parallelism = Parallelism(),
 ) -> DrafterConfig:
     """Validate drafter, target and speculative config together; return the drafter config.
 
@@ -72,26 +82,62 @@ def check_speculative_config(
             f"draft tokens. Fix: set num_speculative_tokens between 1 and "
             f"{draft.num_speculative_tokens}"
         )
-    if pipeline_parallel_size > 1:
-        raise DFlashConfigError(
-            f"field 'pipeline_parallel_size' = {pipeline_parallel_size}: the vllm-dflash "
-            "proposer needs the target's hidden states on one pipeline stage. Fix: use "
-            "tensor parallelism only, or VLLM_DFLASH_BACKEND=builtin"
-        )
+    check_parallel(draft, parallel)
     return draft
+
+
+def check_parallel(draft: DrafterConfig, parallel: Parallelism) -> None:
+    """The layouts our proposer serves: tensor parallelism with the drafter sharded exactly
+    like the target (docs/tensor-parallel.md), no pipeline parallelism."""
+    tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+    if pp > 1:
+        raise DFlashConfigError(
+            f"field 'pipeline_parallel_size' = {pp}: the vllm-dflash proposer needs the "
+            "target's hidden states from layers across the whole depth on one pipeline "
+            "stage. Fix: use tensor parallelism only, or VLLM_DFLASH_BACKEND=builtin"
+        )
+    draft_tp = parallel.draft_tensor_parallel_size
+    if draft_tp is not None and draft_tp != tp:
+        raise DFlashConfigError(
+            f"field 'draft_tensor_parallel_size' = {draft_tp} with tensor_parallel_size = "
+            f"{tp}: vllm-dflash shards the drafter like the target, so that its K/V shares "
+            "the target's paged-cache layout and block table. Fix: leave "
+            f"draft_tensor_parallel_size out or set it to {tp}"
+        )
+    kv = draft.num_key_value_heads
+    unsplittable = [
+        f"field '{name}' = {value}"
+        for name, value, ok in (
+            ("num_attention_heads", draft.num_attention_heads, draft.num_attention_heads % tp == 0),
+            # vLLM replicates key/value heads when there are fewer of them than ranks.
+            ("num_key_value_heads", kv, (kv % tp if kv >= tp else tp % kv) == 0),
+            ("intermediate_size", draft.intermediate_size, draft.intermediate_size % tp == 0),
+        )
+        if not ok
+    ]
+    if unsplittable:
+        raise DFlashConfigError(
+            f"the drafter cannot be sharded over tensor_parallel_size = {tp}: "
+            + ", ".join(unsplittable)
+            + f" does not split into {tp} equal parts. Fix: serve with a "
+            "tensor_parallel_size that divides the drafter's head counts and MLP width"
+        )
 
 
 def check_serving_config(vllm_config: VllmConfig) -> DrafterConfig:
     """The same checks inside the engine, on the resolved config."""
     spec = vllm_config.speculative_config
     assert spec is not None and spec.draft_model_config is not None
+    pc = vllm_config.parallel_config
     return check_speculative_config(
         str(spec.draft_model_config.model),
         spec.draft_model_config.revision,
         vllm_config.model_config.hf_config,
         str(vllm_config.model_config.model),
         spec.num_speculative_tokens,
-        vllm_config.parallel_config.pipeline_parallel_size,
+        Parallelism(
+            pc.tensor_parallel_size, pc.pipeline_parallel_size, spec.draft_tensor_parallel_size
+        ),
     )
 
 

@@ -225,7 +225,13 @@ class DFlashDraftModel(nn.Module):
         return x
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits (all-gathered across tensor-parallel ranks)."""
         return self.logits_processor(self.lm_head, hidden_states)
+
+    def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Argmax token ids. Under tensor parallelism each rank takes the max of its own
+        vocabulary shard and only (value, id) pairs are all-gathered, not the logits."""
+        return self.logits_processor.get_top_tokens(self.lm_head, hidden_states)
 
     # ---- context K/V --------------------------------------------------------------------
     def fuse(self, features: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,7 @@ def _swap_proposer(runner_module: ModuleType) -> None:
 def _check_before_vllm(args_module: ModuleType) -> None:
     """Validate a dflash speculative config against its target before vLLM processes it."""
     from vllm_dflash.serving.adaptive_gamma import configure
-    from vllm_dflash.serving.drafter_config import check_speculative_config
+    from vllm_dflash.serving.drafter_config import Parallelism, check_speculative_config
 
     engine_args = args_module.EngineArgs
     create = engine_args.create_speculative_config
@@ -63,7 +63,11 @@ def _check_before_vllm(args_module: ModuleType) -> None:
                 target_model_config.hf_config,
                 str(target_model_config.model),
                 spec.get("num_speculative_tokens") or self.spec_tokens,
-                target_parallel_config.pipeline_parallel_size,
+                Parallelism(
+                    target_parallel_config.tensor_parallel_size,
+                    target_parallel_config.pipeline_parallel_size,
+                    spec.get("draft_tensor_parallel_size"),
+                ),
             )
             self.speculative_config = configure(self.speculative_config or {})
         return create(self, target_model_config, target_parallel_config)

@@ -15,6 +15,11 @@ Per step, for a batch of B requests and K draft tokens:
    mask positions: argmax for greedy requests, or a sample from the drafter's distribution
    together with those probabilities when the request samples, so that vLLM's rejection
    sampler can use them (DESIGN.md section 2).
+
+Under tensor parallelism every rank runs all of this on its shard of the drafter (sharded
+exactly like the target); the captured hidden states are the full residual stream on every
+rank, and a greedy step all-gathers one (max, id) pair per rank instead of the vocabulary
+(docs/tensor-parallel.md).
 """
 
 from __future__ import annotations
@@ -132,6 +137,7 @@ class DFlashProposer(SpecDecodeBaseProposer):
         n_ctx = target_hidden_states.shape[0]
         self._last_draft_probs = None
 
+        self._check_features(target_hidden_states, cad.num_actual_tokens)
         # 1. Context K/V for the positions the target just verified. Rows of rejected drafts
         # are left out before any work is done on them: with most drafts rejected they are
         # most of the rows (vLLM's built-in projects them all and lets them be overwritten).
@@ -191,13 +197,28 @@ class DFlashProposer(SpecDecodeBaseProposer):
         ):
             hidden = self.model(self.input_ids[:n_in], self.positions[:n_in])
         masks = hidden[:n_q].view(b, q, -1)[:, 1:].reshape(b * k, -1)
-        logits = self.model.compute_logits(masks)
         if sampling_metadata.all_greedy or not self._enable_probabilistic_draft_probs:
-            return logits.argmax(dim=-1).view(b, k)
+            return self.model.get_top_tokens(masks).view(b, k)
+        # Sampled drafts need the whole distribution q for the rejection sampler.
+        logits = self.model.compute_logits(masks)
         tokens, probs = self._sample_from_logits(logits, sampling_metadata)
         if probs is not None:
             self._last_draft_probs = probs.view(b, k, -1)
         return tokens.view(b, k)
+
+    def _check_features(self, features: torch.Tensor, num_tokens: int) -> None:
+        """Under tensor parallelism every rank must get the full residual stream of every
+        target token (the layers' all-reduced output); a shard would draft silently worse."""
+        expected = (num_tokens, self.draft.feature_size)
+        if tuple(features.shape) != expected:
+            raise DFlashConfigError(
+                f"the target handed the drafter hidden states of shape "
+                f"{list(features.shape)}, expected {list(expected)} ({num_tokens} tokens x "
+                f"{len(self.aux_layers)} layers x hidden_size): this rank got a shard, not "
+                "the full residual stream. Fix: turn off the tensor-parallel option that "
+                "splits the residual stream across ranks (sequence parallelism), or serve "
+                "with VLLM_DFLASH_BACKEND=builtin"
+            )
 
     def _verified_rows(
         self, cad: CommonAttentionMetadata, num_rejected: torch.Tensor | None, n: int
