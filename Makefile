@@ -25,11 +25,12 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*/*.* csrc/*.*)
 demo: $(STAMP)
 	$(VENV)/bin/vllm-dflash demo
 
+# loadgroup: tests marked xdist_group share one worker, so their module's engines start once.
 test: $(STAMP) lint
-	$(PY) -m pytest -n $(PYTEST_WORKERS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 test-fast: $(STAMP) lint
-	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not engine"
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not engine"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -34,14 +34,18 @@ def test_layouts_that_shard(drafter_dirs, heads, kv_heads, mlp, tp):
     )
     check_parallel(draft, Parallelism(tensor_parallel_size=tp))
     check_parallel(draft, Parallelism(tensor_parallel_size=tp, draft_tensor_parallel_size=tp))
+    # vLLM accepts 1 too; the drafter is sharded all the same (the proposer warns).
+    check_parallel(draft, Parallelism(tensor_parallel_size=tp, draft_tensor_parallel_size=1))
 
 
 @pytest.mark.parametrize(
     ("fields", "parallel", "needles"),
     [
-        ({}, Parallelism(2, 1, 1), ["'draft_tensor_parallel_size' = 1", "set it to 2"]),
+        ({}, Parallelism(4, 1, 2), ["'draft_tensor_parallel_size' = 2", "set it to 4"]),
         ({}, Parallelism(1, 1, 2), ["'draft_tensor_parallel_size' = 2", "set it to 1"]),
         ({}, Parallelism(2, 2), ["'pipeline_parallel_size' = 2", "tensor parallelism only"]),
+        ({}, Parallelism(2, 1, None, 2), ["'decode_context_parallel_size' = 2"]),
+        ({}, Parallelism(2, 1, None, 1, 2), ["'prefill_context_parallel_size' = 2"]),
         (
             {"num_attention_heads": 6, "num_key_value_heads": 2},
             Parallelism(4),
@@ -55,7 +59,7 @@ def test_layouts_that_shard(drafter_dirs, heads, kv_heads, mlp, tp):
         (
             {"num_attention_heads": 6, "num_key_value_heads": 2},
             Parallelism(3),
-            ["'num_key_value_heads' = 2"],
+            ["'num_key_value_heads' = 2", "is a multiple of it"],
         ),
         ({"intermediate_size": 129}, Parallelism(2), ["'intermediate_size' = 129"]),
     ],

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from serving_harness import run_engine
 
+from vllm_dflash.bench.compare_backends import cpu_binding
 from vllm_dflash.testing.factory import build_tokenizer, make_drafter, make_target
 
 pytestmark = pytest.mark.engine
@@ -91,7 +92,7 @@ def test_engine_refuses_to_start(cases, field, tmp_path):
 PARALLEL = {
     "draft_tensor_parallel_size": (
         {"tensor_parallel_size": 2},
-        {"draft_tensor_parallel_size": 1},
+        {"draft_tensor_parallel_size": 3},
         None,
         "Fix: leave draft_tensor_parallel_size out or set it to 2",
     ),
@@ -115,7 +116,7 @@ def test_engine_refuses_parallel_layout(drafter_dirs, target_dir, field, tmp_pat
     engine, extra, edit, fix = PARALLEL[field]
     drafter = drafter_dirs[8] if edit is None else _edited(drafter_dirs[8], tmp_path / "d", edit)
     spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 7} | extra
-    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    env = {"VLLM_CPU_OMP_THREADS_BIND": cpu_binding(2)}
     _, log = run_engine(tmp_path, target_dir, JOBS, spec, engine, expect_failure=True, env=env)
     assert f"field '{field}'" in log, log[-3000:]
     assert fix in log, log[-3000:]

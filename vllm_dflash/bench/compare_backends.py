@@ -138,8 +138,8 @@ class Engine:
             | (env or {})
         )
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        if tp > 1:  # vLLM's CPU build; GPU builds ignore it
-            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_binding(tp))
+        if tp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:  # read by CPU builds only
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(tp)
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "vllm_dflash.bench.engine_worker", str(req_path)],

@@ -59,6 +59,19 @@ class Parallelism:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     draft_tensor_parallel_size: int | None = None
+    decode_context_parallel_size: int = 1
+    prefill_context_parallel_size: int = 1
+
+    @classmethod
+    def of(cls, parallel_config: Any, draft_tensor_parallel_size: int | None) -> Parallelism:
+        """From vLLM's ``ParallelConfig`` of the target."""
+        return cls(
+            parallel_config.tensor_parallel_size,
+            parallel_config.pipeline_parallel_size,
+            draft_tensor_parallel_size,
+            parallel_config.decode_context_parallel_size,
+            parallel_config.prefill_context_parallel_size,
+        )
 
 
 def check_speculative_config(
@@ -96,8 +109,18 @@ def check_parallel(draft: DrafterConfig, parallel: Parallelism) -> None:
             "target's hidden states from layers across the whole depth on one pipeline "
             "stage. Fix: use tensor parallelism only, or VLLM_DFLASH_BACKEND=builtin"
         )
+    for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        if getattr(parallel, name) > 1:
+            raise DFlashConfigError(
+                f"field '{name}' = {getattr(parallel, name)}: the vllm-dflash proposer "
+                "addresses the drafter's K/V through the target's block table as one "
+                "unsplit cache per rank. Fix: serve without context parallelism, or "
+                "VLLM_DFLASH_BACKEND=builtin"
+            )
     draft_tp = parallel.draft_tensor_parallel_size
-    if draft_tp is not None and draft_tp != tp:
+    # 1 is accepted (vLLM accepts it too) but the drafter is sharded all the same, as the
+    # built-in's is: the proposer logs a warning saying so.
+    if draft_tp is not None and draft_tp not in (1, tp):
         raise DFlashConfigError(
             f"field 'draft_tensor_parallel_size' = {draft_tp} with tensor_parallel_size = "
             f"{tp}: vllm-dflash shards the drafter like the target, so that its K/V shares "
@@ -120,7 +143,8 @@ def check_parallel(draft: DrafterConfig, parallel: Parallelism) -> None:
             f"the drafter cannot be sharded over tensor_parallel_size = {tp}: "
             + ", ".join(unsplittable)
             + f" does not split into {tp} equal parts. Fix: serve with a "
-            "tensor_parallel_size that divides the drafter's head counts and MLP width"
+            "tensor_parallel_size that divides num_attention_heads and intermediate_size "
+            "and either divides num_key_value_heads or is a multiple of it"
         )
 
 
@@ -128,16 +152,13 @@ def check_serving_config(vllm_config: VllmConfig) -> DrafterConfig:
     """The same checks inside the engine, on the resolved config."""
     spec = vllm_config.speculative_config
     assert spec is not None and spec.draft_model_config is not None
-    pc = vllm_config.parallel_config
     return check_speculative_config(
         str(spec.draft_model_config.model),
         spec.draft_model_config.revision,
         vllm_config.model_config.hf_config,
         str(vllm_config.model_config.model),
         spec.num_speculative_tokens,
-        Parallelism(
-            pc.tensor_parallel_size, pc.pipeline_parallel_size, spec.draft_tensor_parallel_size
-        ),
+        Parallelism.of(vllm_config.parallel_config, spec.draft_tensor_parallel_size),
     )
 
 

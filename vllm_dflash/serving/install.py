@@ -63,11 +63,7 @@ def _check_before_vllm(args_module: ModuleType) -> None:
                 target_model_config.hf_config,
                 str(target_model_config.model),
                 spec.get("num_speculative_tokens") or self.spec_tokens,
-                Parallelism(
-                    target_parallel_config.tensor_parallel_size,
-                    target_parallel_config.pipeline_parallel_size,
-                    spec.get("draft_tensor_parallel_size"),
-                ),
+                Parallelism.of(target_parallel_config, spec.get("draft_tensor_parallel_size")),
             )
             self.speculative_config = configure(self.speculative_config or {})
         return create(self, target_model_config, target_parallel_config)

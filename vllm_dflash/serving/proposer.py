@@ -60,6 +60,14 @@ class DFlashProposer(SpecDecodeBaseProposer):
             "mask_token_id": self.draft.mask_token_id,
         }
         super().__init__(vllm_config, device, pass_hidden_states_to_model=False, runner=runner)
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        if spec.draft_tensor_parallel_size == 1 and tp > 1:
+            logger.warning(
+                "vllm-dflash: draft_tensor_parallel_size=1 is not honoured: the drafter is "
+                "sharded over the target's %d ranks, as vLLM's built-in dflash does too "
+                "(docs/tensor-parallel.md). Leave the field out to silence this.",
+                tp,
+            )
 
         k = self.num_speculative_tokens
         self.max_query_tokens = self.max_batch_size * (k + 1)
@@ -215,9 +223,8 @@ class DFlashProposer(SpecDecodeBaseProposer):
                 f"the target handed the drafter hidden states of shape "
                 f"{list(features.shape)}, expected {list(expected)} ({num_tokens} tokens x "
                 f"{len(self.aux_layers)} layers x hidden_size): this rank got a shard, not "
-                "the full residual stream. Fix: turn off the tensor-parallel option that "
-                "splits the residual stream across ranks (sequence parallelism), or serve "
-                "with VLLM_DFLASH_BACKEND=builtin"
+                "the full residual stream. Fix: turn off whatever option splits the target's "
+                "hidden states across ranks, or serve with VLLM_DFLASH_BACKEND=builtin"
             )
 
     def _verified_rows(
