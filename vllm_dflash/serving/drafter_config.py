@@ -101,7 +101,7 @@ def check_speculative_config(
 
 def check_parallel(draft: DrafterConfig, parallel: Parallelism) -> None:
     """The layouts our proposer serves: tensor parallelism with the drafter sharded exactly
-    like the target (docs/tensor-parallel.md), no pipeline parallelism."""
+    like the target (docs/tensor-parallel.md); no pipeline or context parallelism."""
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
     if pp > 1:
         raise DFlashConfigError(
