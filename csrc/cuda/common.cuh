@@ -7,7 +7,29 @@
 
 #include <cstdint>
 
+#include "launchers.cuh"
+
 namespace vllm_dflash {
+
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+// Runs launch(Tag<T>{}) with the element type T of `dtype`: the one place the launchers map
+// the tensor dtype to a kernel instantiation.
+template <typename Launch>
+cudaError_t dispatch_dtype(DType dtype, Launch&& launch) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return launch(Tag<float>{});
+    case DType::kFloat16:
+      return launch(Tag<__half>{});
+    case DType::kBFloat16:
+      return launch(Tag<__nv_bfloat16>{});
+  }
+  return cudaErrorInvalidValue;
+}
 
 constexpr int kThreads = 128;  // per block; a power of two for the reduction
 

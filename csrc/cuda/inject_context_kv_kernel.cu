@@ -41,15 +41,8 @@ cudaError_t launch(const InjectContextKvParams& p, cudaStream_t stream) {
 
 cudaError_t launch_inject_context_kv(const InjectContextKvParams& p, DType dtype,
                                      cudaStream_t stream) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return launch<float>(p, stream);
-    case DType::kFloat16:
-      return launch<__half>(p, stream);
-    case DType::kBFloat16:
-      return launch<__nv_bfloat16>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_dtype(
+      dtype, [&](auto t) { return launch<typename decltype(t)::type>(p, stream); });
 }
 
 }  // namespace vllm_dflash
