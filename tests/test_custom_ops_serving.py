@@ -73,7 +73,12 @@ def test_a_layout_that_is_not_a_strided_view_is_refused():
 def _attns(impl, caches):
     with set_current_vllm_config(VllmConfig()):
         rope = get_rope(HD, max_position=2048, rope_parameters={"rope_type": "default"})
-    return [types.SimpleNamespace(attn=_layer(impl, cache=c), rotary_emb=rope) for c in caches]
+    return [
+        types.SimpleNamespace(
+            attn=_layer(impl, cache=c), rotary_emb=rope, num_kv_heads=NKV, head_dim=HD
+        )
+        for c in caches
+    ]
 
 
 def test_fused_writer_equals_the_pytorch_path(caplog):

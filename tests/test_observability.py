@@ -90,9 +90,9 @@ def test_scheduler_stats_field_survives_vllms_serialisation():
     from vllm.v1.metrics import stats
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-    from vllm_dflash.serving import step_stats
+    from vllm_dflash.serving import scheduler_hooks
 
-    step_stats._add_stats_field(stats)
+    scheduler_hooks._declare_stats_field(stats)
     s = stats.SchedulerStats(num_running_reqs=2)
     s.dflash = {"drafter_s": [0.001], "baseline": [[2, 0.004]], "no_verify": True}
     out = MsgpackDecoder(EngineCoreOutputs).decode(
@@ -114,7 +114,9 @@ def _logger():
         class model_config:  # noqa: N801
             served_model_name = "unit-test-model"
 
-    return DFlashStatLogger(Cfg(), engine_index=7)
+    log = DFlashStatLogger.__new__(DFlashStatLogger)
+    log.start(Cfg(), engine_index=7)  # as where our proposer serves (activate.decide)
+    return log
 
 
 def test_stat_logger_accounts_per_request(monkeypatch):
@@ -124,9 +126,9 @@ def test_stat_logger_accounts_per_request(monkeypatch):
     from vllm.v1.metrics.stats import IterationStats, LoRARequestStates, RequestStateStats
     from vllm.v1.metrics.stats import SchedulerStats as Sched
 
-    from vllm_dflash.serving import step_stats
+    from vllm_dflash.serving import scheduler_hooks
 
-    step_stats._add_stats_field(__import__("vllm.v1.metrics.stats", fromlist=["x"]))
+    scheduler_hooks._declare_stats_field(__import__("vllm.v1.metrics.stats", fromlist=["x"]))
     log = _logger()
     reqs = {"a": RequestStateStats(), "b": RequestStateStats()}
     lora = LoRARequestStates()

@@ -8,7 +8,6 @@ import sys
 from importlib.metadata import entry_points
 
 from vllm_dflash import plugin
-from vllm_dflash.versions import SUPPORTED_VLLM_VERSIONS
 
 VLLM_FREE = [
     "vllm_dflash",
@@ -36,6 +35,11 @@ VLLM_FREE = [
     "vllm_dflash.testing.distill",
     "vllm_dflash.testing.stats",
     "vllm_dflash.plugin",
+    "vllm_dflash.serving.seams",  # the seam table names vLLM modules; it imports none
+    "vllm_dflash.serving.seams.decide",
+    "vllm_dflash.serving.seams.patch",
+    "vllm_dflash.serving.step_timing",
+    "vllm_dflash.gpu_check.run",  # runs on GPU machines without vLLM
     "vllm_dflash.observability.names",
     "vllm_dflash.observability.baseline",
     "vllm_dflash.observability.dashboard",
@@ -63,18 +67,6 @@ def test_entry_points_are_declared():
     assert scripts["vllm-dflash"] == "vllm_dflash.cli:main"
 
 
-def test_version_check_messages():
-    assert plugin.version_problem(SUPPORTED_VLLM_VERSIONS[0]) is None
-    assert plugin.version_problem(SUPPORTED_VLLM_VERSIONS[0] + "+cpu") is None
-    msg = plugin.version_problem("0.10.1")
-    assert "0.10.1 is not a supported version" in msg and "Fix:" in msg
-    assert "not installed" in plugin.version_problem(None)
-
-
-def test_installed_vllm_is_supported():
-    assert plugin.version_problem(plugin.installed_vllm_version()) is None
-
-
 def _load_plugins(backend: str | None, then: str = "") -> subprocess.CompletedProcess:
     code = (
         "import logging\n"
@@ -88,27 +80,6 @@ def _load_plugins(backend: str | None, then: str = "") -> subprocess.CompletedPr
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
     )
-
-
-SHOW_PROPOSER = (
-    "import vllm.v1.worker.gpu_model_runner as runner\n"
-    "print('proposer:', runner.DFlashProposer.__module__)\n"
-)
-
-
-def test_vllm_loader_installs_our_proposer_by_default():
-    """vLLM's own loader runs our entry point; the runner then builds our proposer."""
-    out = _load_plugins(None, SHOW_PROPOSER)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "vllm-dflash serves method 'dflash'" in out.stdout + out.stderr
-    assert "proposer: vllm_dflash.serving.proposer" in out.stdout
-
-
-def test_builtin_switch_leaves_vllm_untouched():
-    out = _load_plugins("builtin", SHOW_PROPOSER)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "VLLM_DFLASH_BACKEND=builtin; vLLM's built-in dflash serves" in out.stdout + out.stderr
-    assert "proposer: vllm.v1.spec_decode.dflash" in out.stdout
 
 
 def test_bad_metrics_setting_stops_the_start(monkeypatch):

@@ -8,13 +8,12 @@ import json
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from vllm_dflash.bench.compare_backends import cpu_binding
 from vllm_dflash.config import DrafterConfig
 from vllm_dflash.errors import DFlashConfigError
 from vllm_dflash.serving.drafter_config import Parallelism, check_parallel
-from vllm_dflash.serving.proposer import DFlashProposer
+from vllm_dflash.serving.start_checks import check_features
 
 
 def _drafter(drafter_dirs, **fields) -> DrafterConfig:
@@ -73,11 +72,12 @@ def test_unsupported_layouts_are_named(drafter_dirs, fields, parallel, needles):
 
 def test_a_slice_of_the_hidden_states_stops_drafting():
     """The shape the proposer checks every step: one full-width row per target token."""
-    me = SimpleNamespace(draft=SimpleNamespace(feature_size=192), aux_layers=(2, 5, 8))
-    DFlashProposer._check_features(me, torch.zeros(10, 192), 10)
-    for wrong in (torch.zeros(10, 96), torch.zeros(5, 192)):  # split by width / by token
+    draft = SimpleNamespace(feature_size=192, target_layer_ids=(1, 4, 7))
+    check_features(draft, (10, 192), 10)
+    check_features(draft, (16, 192), 10)  # runner V2 pads rows to its CUDA-graph size
+    for wrong in ((10, 96), (5, 192)):  # split by width / by token
         with pytest.raises(DFlashConfigError, match="got a shard"):
-            DFlashProposer._check_features(me, wrong, 10)
+            check_features(draft, wrong, 10)
 
 
 def test_cpu_binding_splits_the_cores(monkeypatch):

@@ -10,6 +10,7 @@ prefilled in chunks.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from serving_harness import mean_acceptance_length, run_engine
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.engine
 MAX_NEW = 37
 K = 7
 CHUNK = 128
+PROBES = Path(__file__).parent / "fixtures"
 
 
 def _prompts(seed: int, n: int, lo: int, hi: int) -> list[list[int]]:
@@ -105,6 +107,20 @@ def served(target_dir, drafter_dir, stops, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def masked_rows(target_dir, drafter_dir, tmp_path_factory):
+    """Our engine again, on the proposer's GPU path (tests/fixtures/device_path_probe):
+    rejected rows are masked to slot -1 instead of selected out (no device sync there)."""
+    spec = {"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": K}
+    jobs = [
+        {"name": "c8", "prompts": PARITY, "max_tokens": MAX_NEW, "concurrency": 8},
+        {"name": "mixed64", "prompts": MIXED, "max_tokens": MIXED_MAX},
+    ]
+    engine = {"block_size": 32, "num_gpu_blocks_override": 24, "max_num_seqs": 64}
+    env = {"PYTHONPATH": str(PROBES / "device_path_probe")}
+    return run_engine(tmp_path_factory.mktemp("masked"), target_dir, jobs, spec, engine, env=env)
+
+
+@pytest.fixture(scope="module")
 def plain(target_dir, tmp_path_factory):
     """The same engine settings without speculation: the ground truth for greedy output."""
     jobs = [
@@ -166,7 +182,7 @@ def test_greedy_identical_to_no_speculation(served, plain, greedy, job):
 def test_acceptance_equals_reference_and_builtin(served, builtin, target, drafter_dir):
     ours, _ = served
     theirs, log = builtin
-    assert "VLLM_DFLASH_BACKEND=builtin; vLLM's built-in dflash serves" in log
+    assert "vllm-dflash stands aside: VLLM_DFLASH_BACKEND=builtin; vLLM is left as it is." in log
     drafter = ReferenceDrafter.load(drafter_dir, target)
     ref = [spec_generate(target, drafter, p, MAX_NEW) for p in PARITY]
     ref_tau = sum(sum(m + 1 for m in r.accepted) for r in ref) / sum(r.num_steps for r in ref)
@@ -219,6 +235,16 @@ def test_abort_leaves_other_requests_unchanged(served, plain):
             assert r is None or r["finish_reason"] == "abort"
         else:
             assert r["tokens"] == plain["c8"][i]
+
+
+def test_gpu_row_path_keeps_outputs_and_acceptance(masked_rows, served, plain):
+    jobs, log = masked_rows
+    assert "device-path probe: rejected rows masked to slot -1" in log
+    assert jobs["mixed64"]["spec"]["preemptions"] > 0
+    for job in ("c8", "mixed64"):
+        assert _tokens(jobs[job]) == plain[job]
+        tau = mean_acceptance_length(jobs[job]["spec"])
+        assert tau == pytest.approx(mean_acceptance_length(served[0][job]["spec"]), rel=0.02)
 
 
 def test_64_concurrent_mixed_requests_with_preemption(served, plain):

@@ -15,7 +15,7 @@ factors are measured while serving, nothing is assumed:
   a_1 * ... * a_k. A DFlash drafter drafts all positions in one forward, so a_k does not
   depend on how many positions are drafted (the paper serves a block-16 drafter at 8).
 * ``StepCosts``: D and V per batch-size bucket and gamma, from the model runner's own timing
-  of every pure-decode step (``serving/step_stats.py``): a weighted line in batch size
+  of every pure-decode step (``serving/step_timing.py``): a weighted line in batch size
   within the bucket, interpolated between measured gammas. Piecewise-linear in gamma
   rather than one line because on a GPU cost is flat in gamma until the device saturates
   and linear after.

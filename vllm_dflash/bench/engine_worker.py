@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_dflash.serving.step_timing import ATTR
+
 COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
@@ -107,7 +109,7 @@ def _timed_pass(llm: Any, prompts: list[list[int]], concurrency: int, max_tokens
 
 class DrafterTimes:
     """Per engine step, the model runner's time in the proposer: the records our runner
-    hooks attach to each step's output (``serving/step_stats.py``; CUDA-event timed on a
+    hooks attach to each step's output (``serving/step_timing.py``; CUDA-event timed on a
     GPU), read as the in-process scheduler takes them. Steps that drafted nothing (plain
     decoding, no speculation) are left out."""
 
@@ -117,9 +119,9 @@ class DrafterTimes:
         update = scheduler.update_from_output
 
         def update_from_output(scheduler_output, model_runner_output):
-            for t in getattr(model_runner_output, "dflash_timings", None) or ():
-                if t["drafter_s"] > 0:
-                    self.seconds.append(t["drafter_s"])
+            for t in getattr(model_runner_output, ATTR, None) or ():
+                if t.drafter_s > 0:
+                    self.seconds.append(t.drafter_s)
             return update(scheduler_output, model_runner_output)
 
         scheduler.update_from_output = update_from_output

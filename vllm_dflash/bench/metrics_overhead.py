@@ -23,14 +23,15 @@ def _frontend_us(batch: int, steps: int, hooked: bool) -> float:
 
     from vllm_dflash.serving import stat_logger
 
-    if hooked:
-        log = stat_logger.DFlashStatLogger(_Cfg(), engine_index=99)
+    if hooked:  # as where our proposer serves (the decision is not what is timed)
+        log = stat_logger.DFlashStatLogger.__new__(stat_logger.DFlashStatLogger)
+        log.start(_Cfg(), engine_index=99)
     reqs = [stats.RequestStateStats() for _ in range(batch)]
     outs = [EngineCoreOutput(request_id=str(i), new_token_ids=[1, 2, 3]) for i in range(batch)]
     lora = stats.LoRARequestStates()
     update = stats.IterationStats.update_from_output
     if not hooked:  # vLLM's own function under our hook
-        update = getattr(update, "__wrapped_by_vllm_dflash__", update)
+        update = getattr(update, "__vllm_dflash_original__", update)
     t0 = time.perf_counter()
     for s in range(steps):
         it = stats.IterationStats()
@@ -50,7 +51,9 @@ class _Cfg:
 
 def _scheduler_us(batch: int, steps: int) -> tuple[float, float]:
     """Per-step seconds of no-op schedule/update, bare and inside our wrappers."""
-    from vllm_dflash.serving import step_stats
+    from vllm_dflash.observability.baseline import MetricsSettings, SamplePolicy
+    from vllm_dflash.serving import scheduler_hooks as hooks
+    from vllm_dflash.serving.step_timing import StepTiming
 
     req = types.SimpleNamespace(is_prefill_chunk=False, spec_token_ids=[1, 2, 3])
     out = types.SimpleNamespace(
@@ -60,7 +63,7 @@ def _scheduler_us(batch: int, steps: int) -> tuple[float, float]:
         scheduled_spec_decode_tokens={},
     )
     eco = {0: types.SimpleNamespace(scheduler_stats=types.SimpleNamespace())}
-    timing = {"drafter_s": 0.001, "verify_s": 0.004, "plain": 0}
+    timing = StepTiming(batch, True, 3, 3, 0, drafter_s=0.001, verify_s=0.004)
     mro = types.SimpleNamespace(dflash_timings=[timing])
 
     class Scheduler:
@@ -83,8 +86,13 @@ def _scheduler_us(batch: int, steps: int) -> tuple[float, float]:
         return (time.perf_counter() - t0) / steps * 1e6
 
     bare = run(Scheduler())
-    step_stats._hook_scheduler(types.SimpleNamespace(Scheduler=Scheduler))
-    return bare, run(Scheduler())
+    hooked = Scheduler()
+    hooked.schedule = types.MethodType(hooks._schedule(Scheduler.schedule), hooked)
+    hooked.update_from_output = types.MethodType(
+        hooks._update(Scheduler.update_from_output), hooked
+    )
+    hooked._dflash = hooks.SchedulerState(SamplePolicy(MetricsSettings.from_env()), None)
+    return bare, run(hooked)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ prompts, greedy, concurrency held constant (``engine_worker._timed_pass``):
    op's own CPU time is charged to the innermost stage around it. Host time is the stage's
    wall time less the op time inside it: Python, dispatch, argument checks.
 
-Stages: feature gathering (rows of accepted tokens), fuse (fc -> hidden_norm), context K/V
+Stages: feature gathering (which rows were accepted), fuse (fc -> hidden_norm), context K/V
 (k/v projection -> k_norm -> RoPE -> paged-cache write; its ops are listed one by one),
 drafter forward, draft tokens (lm_head and the vocabulary-parallel argmax), the rest of
 ``propose`` (block inputs, attention metadata), and vLLM's rejection sampler
@@ -33,9 +33,9 @@ import torch
 # (stage label, owner, attribute): owner "proposer" / "model" / "sampler".
 STAGES = [
     ("propose (total)", "proposer", "propose"),
-    ("feature gathering", "proposer", "_verified_rows"),
-    ("fuse: fc -> hidden_norm", "model", "fuse"),
-    ("context K/V injection", "model", "write_context_kv"),
+    ("feature gathering", "proposer", "_verified"),
+    ("fuse: fc -> hidden_norm", "model", "combine_hidden_states"),
+    ("context K/V injection", "model", "precompute_and_store_context_kv"),
     ("drafter forward", "model", "forward"),
     ("draft tokens (lm_head + argmax)", "model", "get_top_tokens"),
     ("verification (rejection sampler)", "sampler", "forward"),

@@ -4,7 +4,7 @@ analogue, on our engine).
 
 Two engines: ours with the adaptive controller, which each pass forces to one draft length
 gamma, and no speculation. For every concurrency c and gamma the model runner's own timing
-of each pure-decode step (``serving/step_stats.py``) gives
+of each pure-decode step (``serving/step_timing.py``) gives
 
 * D(c, gamma): the drafter's time to draft gamma tokens per request,
 * V(c, gamma): the rest of the step, i.e. the target verifying 1 + gamma tokens per

@@ -3,7 +3,7 @@
 Speedup of a request = its decode rate / the decode rate the same engine achieves
 *without* speculation at the same batch size. That rate is measured, not assumed: now and
 then the engine runs one step in which no request verifies drafts (a *baseline step*,
-``serving/step_stats.py``). The model runner's time for that step outside the drafter
+``serving/scheduler_hooks.py``). The model runner's time for that step outside the drafter
 (which still drafts for the next step) is one sample of the no-speculation step time at
 that step's decode batch size.
 

@@ -1,6 +1,8 @@
-"""vLLM side of vllm-dflash: the only package that touches vLLM internals.
+"""vLLM side of vllm-dflash: the only package that touches vLLM internals, each place through
+a named seam (``seams/``).
 
-Import ``vllm_dflash.serving.install`` to swap our proposer and drafter in; the other
-modules are loaded by vLLM itself (the drafter model by its registry, the proposer by the
-model runner) once that is done.
+``plugin.register`` (vLLM's plugin loader) hands over to ``activate.py``, which decides per
+engine configuration and either installs what serving needs (``install.py``) or leaves vLLM
+as it was. vLLM itself then loads our drafter (its registry), our V1 proposer or runner-V2
+speculator (its model runner), and our stat logger (its stat-logger plugins).
 """

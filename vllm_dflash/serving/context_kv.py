@@ -4,11 +4,18 @@ else the PyTorch path (vLLM's own RoPE and per-layer cache-write ops).
 The fused op writes through strided ``[blocks, block_size, kv_heads, head_dim]`` views of each
 layer's cache. Which views those are depends on the attention backend (and, on CPU, on the
 ISA: its key blocks are stored dimension-major). Rather than keeping a table per backend, the
-views are *measured* once at the first write: the backend's own ``do_kv_cache_update`` writes
-one-hot probes into a two-block scratch cache of the same layout, the probes' positions give
-the strides, and a write of random rows at block-crossing slots through those views must
-equal the backend's write bit for bit. A layout that is not a strided view (packed,
-quantised) fails that check, and the PyTorch path serves, with one log line either way.
+views are *measured* once per cache allocation: the backend's own ``do_kv_cache_update``
+writes one-hot probes into a two-block scratch cache of the same layout, the probes'
+positions give the strides, and a write of random rows at block-crossing slots through those
+views must equal the backend's write bit for bit. A layout that is not a strided view
+(packed, quantised) fails that check, and the PyTorch path serves, with one log line either
+way.
+
+Measuring reads results back to the host, so it must not happen inside a CUDA-graph
+capture: ``bind`` measures for the cache now bound, and the runner-V2 speculator calls it
+before capturing. Without it (runner V1, eager runner V2) the first write measures, outside
+any graph; a write during a capture that finds the cache unmeasured is an error, not a
+silent sync.
 """
 
 from __future__ import annotations
@@ -39,8 +46,9 @@ class ContextKvWriter:
         self._decided_for: object | None = None  # the first layer's cache tensor
 
     def __call__(self, kv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None):
-        """``kv`` [N, layers, 2, kv_heads, head_dim] straight from the stacked projection."""
-        fused = None if slots is None else self._decide(kv)
+        """``kv`` [N, layers, 2, kv_heads, head_dim] straight from the stacked projection;
+        ``positions`` [N] int64; ``slots`` [N] int64 (-1: skip the row), None: compute only."""
+        fused = None if slots is None else self._decide(kv.dtype)
         if fused is not None:
             keys, values, cos_sin = fused
             torch.ops.vllm_dflash.inject_context_kv(
@@ -73,25 +81,36 @@ class ContextKvWriter:
             layer.impl.do_kv_cache_update(layer, k[:, i], kv[:, i, 1], layer.kv_cache, slots)
 
     # ---- choosing the path, once per cache allocation -----------------------------------
+    def bind(self, dtype: torch.dtype) -> None:
+        """Choose the path for the cache now bound to the layers (``dtype``: the model's)."""
+        self._decide(dtype)
+
     def _decide(
-        self, kv: torch.Tensor
+        self, dtype: torch.dtype
     ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None:
         cache = self.attns[0].attn.kv_cache
         if self._decided_for is cache:
             return self._fused
+        device = self.k_norm_weight.device
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "vllm-dflash: the drafter's KV cache was not measured before CUDA-graph "
+                "capture (DFlashDraftModel.bind_kv_cache)"
+            )
         self._decided_for = cache
         self._fused = None
-        why = self._why_not(kv)
+        why = self._why_not(dtype, device)
         if why is None:
-            views = [paged_views(a.attn, kv.shape[-2], kv.shape[-1]) for a in self.attns]
+            attn0 = self.attns[0]
+            views = [paged_views(a.attn, attn0.num_kv_heads, attn0.head_dim) for a in self.attns]
             if all(v is not None for v in views):
-                cos_sin = self.rope.cos_sin_cache.to(kv.dtype).contiguous()
+                cos_sin = self.rope.cos_sin_cache.to(device, dtype).contiguous()
                 keys = [v[0] for v in views if v is not None]
                 values = [v[1] for v in views if v is not None]
                 self._fused = (keys, values, cos_sin)
                 logger.info(
                     "vllm-dflash: context K/V through the fused inject_context_kv op (%s, %s)",
-                    kv.device.type,
+                    device.type,
                     type(self.attns[0].attn.impl).__name__,
                 )
                 return self._fused
@@ -99,13 +118,13 @@ class ContextKvWriter:
         logger.info("vllm-dflash: context K/V on the PyTorch path (%s)", why)
         return None
 
-    def _why_not(self, kv: torch.Tensor) -> str | None:
-        if not ops.has_kernel(kv.device):
-            return f"no compiled kernel for {kv.device.type}"
+    def _why_not(self, dtype: torch.dtype, device: torch.device) -> str | None:
+        if not ops.has_kernel(device):
+            return f"no compiled kernel for {device.type}"
         cache = self.attns[0].attn.kv_cache
-        if not isinstance(cache, torch.Tensor) or cache.dtype != kv.dtype:
+        if not isinstance(cache, torch.Tensor) or cache.dtype != dtype:
             return f"KV cache dtype {getattr(cache, 'dtype', None)} is not the model's"
-        if len(self.attns) > 16 and kv.device.type == "cuda":
+        if len(self.attns) > 16 and device.type == "cuda":
             return "more than 16 drafter layers"
         return None
 

@@ -8,9 +8,9 @@ logits are divided by garbage before acceptance and recovery sampling. Greedy de
 calls it, which is why only sampling was wrong. (Float temperatures would also be truncated
 to integers by the int64 cast.)
 
-``install`` swaps in a dtype-preserving PyTorch version. It must run before the worker
-calls ``register_triton_kernel_overrides()``, which reads the module attribute once; vLLM
-loads general plugins (us) right before that call.
+``install`` swaps in a dtype-preserving PyTorch version (seam ``v1.cpu_expand_kernel``). It
+must run before the worker calls ``register_triton_kernel_overrides()``, which reads the
+module attribute once; vLLM loads general plugins (us) right before that call.
 """
 
 from __future__ import annotations
@@ -33,13 +33,8 @@ def expand_per_request(
     output[: int(cu[-1]) if cu.numel() else 0] = values.repeat_interleave(counts).to(output.dtype)
 
 
-def install() -> bool:
-    """Patch vLLM-CPU's expand adapter; False when not running on CPU (nothing to fix)."""
-    from vllm.platforms import current_platform
+def install() -> None:
+    """Replace vLLM-CPU's expand adapter (install.py calls this on the CPU platform only)."""
+    from vllm_dflash.serving.seams import patch
 
-    if not current_platform.is_cpu():
-        return False
-    import vllm.utils.cpu_triton_utils as cpu_kernels
-
-    cpu_kernels._expand_kernel_impl = expand_per_request
-    return True
+    patch.rebind("v1.cpu_expand_kernel", lambda: expand_per_request)

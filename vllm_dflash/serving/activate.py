@@ -1,0 +1,93 @@
+"""Deciding, per engine configuration, whether our proposer serves, and acting on it.
+
+vLLM loads plugins in every process before it builds anything (``plugin.register``):
+
+* In the engine core and the workers the finished configuration is at hand
+  (``environment.config_of_loader``): ``decide`` it and ``apply`` at once.
+* In the process that parses engine arguments, no configuration exists yet, so ``watch``
+  wraps two ``EngineArgs`` methods: ``create_speculative_config`` checks a dflash config
+  against its target before vLLM processes it (and sets our defaults), and
+  ``create_engine_config`` decides for the configuration it returns.
+
+``apply`` either installs everything serving needs (``install.py``), or, standing aside,
+puts back every original vLLM object (``patch.restore_all``), the two watchers included:
+vLLM is then exactly as it was. One log line per process says which and why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from vllm_dflash.serving.seams import patch
+from vllm_dflash.serving.seams.decide import BACKEND_ENV, Backend, Decision, for_config
+from vllm_dflash.serving.seams.environment import installed, runner_of
+
+# A child of vLLM's "vllm" logger, so the line appears in vLLM's own log output.
+logger = logging.getLogger("vllm.plugins.vllm_dflash")
+
+# Our defaults for a dflash speculative config, where the user left the key out.
+# Drafts are sampled from the drafter's marginals q, and the rejection sampler accepts with
+# min(1, p/q) and resamples from max(0, p - q): lossless, and it accepts more than one-hot
+# argmax drafts do. vLLM does this only when asked.
+SPEC_DEFAULTS = {"draft_sample_method": "probabilistic"}
+
+
+def decide(vllm_config: Any) -> Decision:
+    spec = vllm_config.speculative_config
+    return for_config(
+        installed(),
+        Backend.parse(os.environ.get(BACKEND_ENV)),
+        None if spec is None else spec.method,
+        runner_of(vllm_config),
+    )
+
+
+def apply(decision: Decision) -> None:
+    logger.info("%s", decision.why)
+    if decision.serve:
+        from vllm_dflash.serving.install import install
+
+        assert decision.runner is not None
+        install(decision.runner)
+    else:
+        patch.restore_all()
+
+
+def watch() -> None:
+    patch.wrap("engine_args.create_speculative_config", _checking_spec_config)
+    patch.wrap("engine_args.create_engine_config", _deciding)
+
+
+def _deciding(create):
+    def create_engine_config(self, *args, **kwargs):
+        config = create(self, *args, **kwargs)
+        apply(decide(config))
+        return config
+
+    return create_engine_config
+
+
+def _checking_spec_config(create):
+    def create_speculative_config(self, target_model_config, target_parallel_config):
+        spec = {k.replace("-", "_"): v for k, v in (self.speculative_config or {}).items()}
+        model = spec.get("model") or self.spec_model
+        ours = Backend.parse(os.environ.get(BACKEND_ENV)).name == "dflash"
+        if ours and (spec.get("method") or self.spec_method) == "dflash" and model:
+            from vllm_dflash.serving.adaptive_gamma import configure
+            from vllm_dflash.serving.drafter_config import Parallelism, check_speculative_config
+
+            check_speculative_config(
+                model,
+                spec.get("revision"),
+                target_model_config.hf_config,
+                str(target_model_config.model),
+                spec.get("num_speculative_tokens") or self.spec_tokens,
+                Parallelism.of(target_parallel_config, spec.get("draft_tensor_parallel_size")),
+            )
+            defaults = {k: v for k, v in SPEC_DEFAULTS.items() if k not in spec}
+            self.speculative_config = configure(defaults | (self.speculative_config or {}))
+        return create(self, target_model_config, target_parallel_config)
+
+    return create_speculative_config

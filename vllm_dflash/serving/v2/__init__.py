@@ -1,0 +1,1 @@
+"""Our DFlash speculator for vLLM's model runner V2 (the GPU default)."""
