@@ -7,7 +7,12 @@ STAMP := $(VENV)/.installed-stamp
 # pytest-xdist workers: this machine has 2 cores, and the tests pin torch to one thread.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install demo test test-fast lint format dashboard manifests clean
+.PHONY: install demo test test-fast vllm-sources lint format dashboard manifests clean
+
+# The python sources of the GPU vLLM releases the contract tests check (tests/test_vllm_contracts.py).
+VLLM_GPU_VERSIONS := 0.32.0 0.33.0 0.34.0
+VLLM_SOURCES := .vllm-sources
+VLLM_SOURCES_STAMPS := $(foreach v,$(VLLM_GPU_VERSIONS),$(VLLM_SOURCES)/vllm-$(v)/.complete)
 
 install: $(STAMP)
 
@@ -26,11 +31,16 @@ demo: $(STAMP)
 	$(VENV)/bin/vllm-dflash demo
 
 # loadgroup: tests marked xdist_group share one worker, so their module's engines start once.
-test: $(STAMP) lint
+test: $(STAMP) $(VLLM_SOURCES_STAMPS) lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
-test-fast: $(STAMP) lint
+test-fast: $(STAMP) $(VLLM_SOURCES_STAMPS) lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not engine"
+
+vllm-sources: $(VLLM_SOURCES_STAMPS)
+
+$(VLLM_SOURCES)/vllm-%/.complete: tools/vllm_sources.py | $(STAMP)
+	$(PY) tools/vllm_sources.py $(VLLM_SOURCES) $*
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -48,4 +58,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VLLM_SOURCES) .pytest_cache .ruff_cache *.egg-info
