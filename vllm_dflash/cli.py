@@ -134,6 +134,12 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gpu_check(args: argparse.Namespace) -> int:
+    from vllm_dflash.gpu_check.run import run_check
+
+    return run_check(args)
+
+
 def _add_train_flags(p: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field (values are validated by the pydantic model)."""
     from vllm_dflash.train.config import TrainConfig
@@ -210,6 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--strict", action="store_true")
     e.add_argument("--json", type=Path, help="write the report here")
     e.set_defaults(func=_eval)
+
+    from vllm_dflash.gpu_check.args import add_arguments as add_gpu_check_arguments
+
+    gc = sub.add_parser(
+        "gpu-check",
+        help="one-shot GPU check: CUDA ops vs reference (eager, CUDA graph), drafter step "
+        "timing, vLLM probe; --dry-run for CPU",
+    )
+    add_gpu_check_arguments(gc)
+    gc.set_defaults(func=_gpu_check)
 
     s = sub.add_parser(
         "serve",
