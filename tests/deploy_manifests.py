@@ -125,6 +125,16 @@ def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
     return out
 
 
+def dockerfile_arg(path: Path, name: str) -> str:
+    """The default value of ``ARG name=...``."""
+    (value,) = [
+        rest.split("=", 1)[1]
+        for word, rest in dockerfile_instructions(path)
+        if word == "ARG" and rest.startswith(name + "=")
+    ]
+    return value
+
+
 def dockerfile_exec(path: Path, instruction: str) -> list[str]:
     """The exec (JSON) form of the last ENTRYPOINT or CMD."""
     values = [rest for word, rest in dockerfile_instructions(path) if word == instruction]

