@@ -35,8 +35,6 @@ from typing import Any
 import torch
 from typing_extensions import override
 from vllm.config import VllmConfig
-from vllm.forward_context import set_forward_context
-from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.sample.metadata import SamplingMetadata
 
 from vllm_dflash.serving import start_checks, step_timing
@@ -47,6 +45,8 @@ from vllm_dflash.serving.seams import resolve
 logger = logging.getLogger("vllm.plugins.vllm_dflash")
 
 _SpecDecodeBaseProposer: Any = resolve("v1.proposer_base")
+CommonAttentionMetadata: Any = resolve("v1.common_attn_metadata")
+set_forward_context: Any = resolve("forward_context")
 
 
 class DFlashProposer(_SpecDecodeBaseProposer):

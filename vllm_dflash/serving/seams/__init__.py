@@ -27,9 +27,9 @@ class Seam:
     """One vLLM symbol we wrap, rebind, subclass, call or read.
 
     ``attr`` is a dotted path inside ``module``. ``params``: the parameter names (after
-    ``self``) a callable must accept, in order; ``members``: for a class we subclass or
-    drive, each method's name and parameters; ``fields``: attributes or dataclass fields we
-    read or set."""
+    ``self``) a callable must accept, in order; ``keywords``: names it must accept anywhere
+    (we pass them by name); ``members``: for a class we subclass or drive, each method's
+    name and parameters; ``fields``: attributes or dataclass fields we read or set."""
 
     name: str
     module: str
@@ -37,6 +37,7 @@ class Seam:
     versions: tuple[str, ...]
     use: str
     params: tuple[str, ...] | None = None
+    keywords: tuple[str, ...] = ()
     members: tuple[tuple[str, tuple[str, ...]], ...] = ()
     fields: tuple[str, ...] = ()
 
@@ -100,6 +101,39 @@ _SEAMS = (
         "call: register our drafter for the DFlashDraftModel architecture",
         members=(("register_model", ("model_arch", "model_cls")),),
         fields=("models",),
+    ),
+    Seam(
+        "attention_layer",
+        "vllm.model_executor.layers.attention",
+        "Attention",
+        ALL,
+        "construct (one per drafter layer) and read: its paged cache and backend",
+        fields=("kv_cache", "impl", "layer_name"),
+    ),
+    Seam(
+        "attention.kv_cache_update",
+        "vllm.v1.attention.backends.flash_attn",
+        "FlashAttentionImpl",
+        ALL,
+        "call (any backend): write K/V at slots; probed to find the cache layout",
+        members=(("do_kv_cache_update", ("layer", "key", "value", "kv_cache", "slot_mapping")),),
+    ),
+    Seam(
+        "forward_context",
+        "vllm.forward_context",
+        "set_forward_context",
+        ALL,
+        "call: the drafter's forward in our V1 proposer",
+        params=("attn_metadata", "vllm_config"),
+        keywords=("num_tokens", "num_tokens_across_dp", "cudagraph_runtime_mode", "slot_mapping"),
+    ),
+    Seam(
+        "logits_processor",
+        "vllm.model_executor.layers.logits_processor",
+        "LogitsProcessor",
+        ALL,
+        "call: full logits, or per-rank (max, id) pairs for greedy drafts under TP",
+        members=(("get_top_tokens", ("lm_head", "hidden_states")),),
     ),
     Seam(
         "target.aux_hidden_states",

@@ -75,6 +75,11 @@ def _check_seam(s: Seam, version: str) -> list[str]:
     out = []
     if s.params is not None:
         out += _check_params(s.name, obj, s.params)
+    if s.keywords:
+        accepted = set(inspect.signature(obj).parameters)
+        missing_kw = [k for k in s.keywords if k not in accepted]
+        if missing_kw:
+            out.append(f"seam {s.name}: does not accept {missing_kw}")
     for member, params in s.members:
         fn = getattr(obj, member, None)
         if fn is None:
