@@ -183,9 +183,9 @@ def test_configure_adds_vllms_dynamic_schedule_only_when_on(monkeypatch):
 
     spec = {"method": "dflash", "model": "d", "num_speculative_tokens": 15}
     monkeypatch.delenv("VLLM_DFLASH_ADAPTIVE", raising=False)
-    assert configure(spec) == spec
+    assert configure(spec, 15) == spec
     monkeypatch.setenv("VLLM_DFLASH_ADAPTIVE", "1")
-    on = configure(spec)
+    on = configure(spec, 15)
     assert {k: v for k, v in on.items() if k != SCHEDULE_KEY} == spec
     # vLLM's own reading of the schedule: every length 1..K occurs (runner V2 captures a
     # decode CUDA graph per length it can return), K for every batch size from K on.
@@ -194,7 +194,7 @@ def test_configure_adds_vllms_dynamic_schedule_only_when_on(monkeypatch):
     dense = build_dynamic_sd_schedule_lookup(on[SCHEDULE_KEY], 256, 15)
     assert set(dense[1:]) == set(range(1, 16)) and set(dense[15:]) == {15}
     with pytest.raises(DFlashConfigError, match=f"{SCHEDULE_KEY} and VLLM_DFLASH_ADAPTIVE=1"):
-        configure({**spec, SCHEDULE_KEY: [[1, 8, 3]]})
+        configure({**spec, SCHEDULE_KEY: [[1, 8, 3]]}, 15)
 
 
 def test_probing_stops_when_no_step_can_measure_it():

@@ -71,23 +71,24 @@ def _deciding(create):
 
 def _checking_spec_config(create):
     def create_speculative_config(self, target_model_config, target_parallel_config):
+        # Installed only where our backend is selected (plugin.register).
         spec = {k.replace("-", "_"): v for k, v in (self.speculative_config or {}).items()}
         model = spec.get("model") or self.spec_model
-        ours = Backend.parse(os.environ.get(BACKEND_ENV)).name == "dflash"
-        if ours and (spec.get("method") or self.spec_method) == "dflash" and model:
+        if (spec.get("method") or self.spec_method) == "dflash" and model:
             from vllm_dflash.serving.adaptive_gamma import configure
             from vllm_dflash.serving.drafter_config import Parallelism, check_speculative_config
 
+            k = spec.get("num_speculative_tokens") or self.spec_tokens
             check_speculative_config(
                 model,
                 spec.get("revision"),
                 target_model_config.hf_config,
                 str(target_model_config.model),
-                spec.get("num_speculative_tokens") or self.spec_tokens,
+                k,
                 Parallelism.of(target_parallel_config, spec.get("draft_tensor_parallel_size")),
             )
-            defaults = {k: v for k, v in SPEC_DEFAULTS.items() if k not in spec}
-            self.speculative_config = configure(defaults | (self.speculative_config or {}))
+            defaults = {key: v for key, v in SPEC_DEFAULTS.items() if key not in spec}
+            self.speculative_config = configure(defaults | (self.speculative_config or {}), k)
         return create(self, target_model_config, target_parallel_config)
 
     return create_speculative_config

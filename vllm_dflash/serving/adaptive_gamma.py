@@ -41,8 +41,9 @@ logger = logging.getLogger("vllm.plugins.vllm_dflash")
 LIVE: weakref.WeakSet[GammaController] = weakref.WeakSet()
 
 
-def configure(spec: dict[str, Any]) -> dict[str, Any]:
-    """The dflash speculative config to hand to vLLM, with the adaptive schedule when on."""
+def configure(spec: dict[str, Any], k: int | None) -> dict[str, Any]:
+    """The dflash speculative config to hand to vLLM, with the adaptive schedule when on
+    (``k``: the draft tokens asked for, None when vLLM fills it in from the drafter)."""
     if not AdaptiveSettings.from_env().adaptive:
         return spec
     if any(k.replace("-", "_") == SCHEDULE_KEY and v is not None for k, v in spec.items()):
@@ -50,7 +51,7 @@ def configure(spec: dict[str, Any]) -> dict[str, Any]:
             f"--speculative-config {SCHEDULE_KEY} and VLLM_DFLASH_ADAPTIVE=1 both choose "
             "the draft length. Fix: drop one of them"
         )
-    k = int(spec.get("num_speculative_tokens") or 1)
+    k = k or 1  # without a K vLLM uses the drafter's: its full block comes from the last range
     schedule = [[g, g, g] for g in range(1, k)] + [[k, _ALL_BATCHES, _ALL_BATCHES]]
     return {**spec, SCHEDULE_KEY: schedule}
 

@@ -207,11 +207,6 @@ class DFlashDraftModel(nn.Module):
     # ``lm_head`` at load time (their "shares everything" path, taken because this class
     # declares no ``has_own_embed_tokens`` / ``has_own_lm_head``).
 
-    # vLLM 0.34: the runner-V2 speculator this drafter is for (None before 0.34, where
-    # ``install.py`` wires it in instead).
-    if (_config_cls := speculator_config_class()) is not None:
-        speculator_config_class = _config_cls
-
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         self.cfg = drafter_config_of(vllm_config)
@@ -292,8 +287,7 @@ class DFlashDraftModel(nn.Module):
         weight = self._ctx_kv_weight
         if ops.has_kernel(weight.device):  # q_norm, k_norm and RoPE in one op per layer
             for a in attns:
-                a._cos_sin = a.rotary_emb.cos_sin_cache.to(weight.device, weight.dtype)
-                a._cos_sin = a._cos_sin.contiguous()
+                a._cos_sin = a.rotary_emb.cos_sin_cache.to(weight).contiguous()
 
     # ---- weights ------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -317,3 +311,9 @@ class DFlashDraftModel(nn.Module):
         # into a backend format after loading.
         self._stack_context_weights()
         return loaded
+
+
+# vLLM 0.34 builds the runner-V2 speculator the draft model class names (seam
+# v2.speculator_config); before 0.34 there is no such seam and install.py wires it in.
+if (_speculator_config := speculator_config_class()) is not None:
+    DFlashDraftModel.speculator_config_class = _speculator_config  # type: ignore[attr-defined]
