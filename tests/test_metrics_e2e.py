@@ -158,7 +158,7 @@ def traffic(stack):
             resps = list(pool.map(_complete, [server] * len(prompts), prompts))
         taus[name] = [r["metrics"]["speculative_decoding"]["mean_acceptance_length"] for r in resps]
     prom.wait_for(f'sum({n.REQUEST_ACCEPTANCE_LENGTH}_count{{model_name="ours"}})', NUM_PROMPTS)
-    prom.wait_for('sum(vllm:spec_decode_num_drafts_total{model_name="builtin"} > 0)', 1)
+    prom.wait_for('count(vllm:spec_decode_num_drafts_total{model_name="builtin"} > 0)', 1)
     return taus
 
 
