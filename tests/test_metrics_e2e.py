@@ -28,7 +28,7 @@ from vllm_dflash.observability import dashboard
 from vllm_dflash.observability import names as n
 from vllm_dflash.testing.server import free_port, serve
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("metrics_e2e")]
 
 RULES = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "dflash-alerts.yaml"
 NUM_PROMPTS = 12

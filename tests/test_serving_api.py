@@ -16,7 +16,7 @@ import pytest
 from vllm_dflash.reference.generate import target_generate
 from vllm_dflash.testing.server import Server, serve
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("serving_api")]
 
 K = 7
 MODEL = "tiny-dflash"

@@ -19,7 +19,7 @@ from vllm_dflash.reference.drafter import ReferenceDrafter
 from vllm_dflash.reference.generate import spec_generate, target_generate
 from vllm_dflash.testing.distill import distill
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("serving_greedy")]
 MAX_NEW = 37
 K = 7
 CHUNK = 128
