@@ -42,12 +42,9 @@ def install(runner: str) -> None:
 
 def _register_drafter() -> None:
     registry = resolve("model_registry")
-    if (
-        getattr(registry.models.get(DRAFTER_ARCH), "module_name", None)
-        == DRAFTER_CLASS.split(":")[0]
-    ):
-        return
     previous = registry.models.get(DRAFTER_ARCH)
+    if getattr(previous, "module_name", None) == DRAFTER_CLASS.split(":")[0]:
+        return  # already ours
     registry.register_model(DRAFTER_ARCH, DRAFTER_CLASS)
 
     def undo() -> None:

@@ -229,7 +229,7 @@ def _check_choices(version: str) -> list[str]:
     before = snapshot(version)
     v1 = version in SEAMS["config.use_v2_model_runner"].versions
     for forced in ("0", "1") if v1 else ("1",):
-        runner = runner_of(_config_stub(forced))
+        runner = runner_of(_config_stub(forced, v1))
         expected = "v2" if forced == "1" else "v1"
         if runner != expected:
             out.append(f"VLLM_USE_V2_MODEL_RUNNER={forced}: runner {runner}, not {expected}")
@@ -248,27 +248,16 @@ def _check_choices(version: str) -> list[str]:
     return out
 
 
-def _config_stub(use_v2: str) -> Any:
+def _config_stub(use_v2: str, has_choice: bool) -> Any:
     """A configuration for which vLLM's own ``use_v2_model_runner`` (0.32 / 0.33; 0.34
-    has only V2) answers from ``VLLM_USE_V2_MODEL_RUNNER``, as a user forces it."""
+    has only V2, ``has_choice`` False) answers from ``VLLM_USE_V2_MODEL_RUNNER``, as a user
+    forces it."""
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = use_v2
-    has_choice = "config.use_v2_model_runner" in _present()
     prop = {"use_v2_model_runner": resolve("config.use_v2_model_runner")} if has_choice else {}
     stub = type("VllmConfigStub", (), prop)()
     stub.attention_config = SimpleNamespace(hisparse_config=None)
     stub.watermark_config = None
     return stub
-
-
-def _present() -> set[str]:
-    present = set()
-    for name in SEAMS:
-        try:
-            resolve(name)
-            present.add(name)
-        except (ImportError, AttributeError):
-            pass
-    return present
 
 
 def resolve_class(module: str, name: str) -> Any:
