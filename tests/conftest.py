@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -12,6 +14,11 @@ from vllm_dflash.testing.factory import make_drafter, make_target
 # Tiny models: one thread is as fast as two, and results (sampling tests' fixed-seed
 # outcomes included) no longer depend on whether pytest-xdist runs one worker per core.
 torch.set_num_threads(1)
+
+# Engines in the tests verify a fixed number of drafts per step unless a test asks for the
+# draft policy (test_draft_policy*.py): acceptance is compared with the reference engine's,
+# which drafts every step. Engines inherit this from the test process's environment.
+os.environ.setdefault("VLLM_DFLASH_DRAFT_POLICY", "fixed")
 
 
 @pytest.fixture(scope="session")

@@ -29,12 +29,18 @@ def run_job(llm: Any, job: dict[str, Any]) -> dict[str, Any]:
         max_tokens = [max_tokens] * len(prompts)
 
     def params(i: int) -> SamplingParams:
+        if "seeds" in job:  # one seed per prompt
+            seed = job["seeds"][i]
+        else:  # a base seed, or none
+            seed = None if job.get("seed") is None else job["seed"] + i
+        allowed = job.get("allowed_token_ids")  # per prompt: a list of token ids, or None
         return SamplingParams(
             max_tokens=max_tokens[i],
             temperature=job.get("temperature", 0.0),
             top_k=job.get("top_k", 0),
             top_p=job.get("top_p", 1.0),
-            seed=None if job.get("seed") is None else job["seed"] + i,
+            seed=seed,
+            allowed_token_ids=None if allowed is None else allowed[i],
             stop=job.get("stop"),
             ignore_eos=True,
         )

@@ -12,7 +12,13 @@ from __future__ import annotations
 import logging
 import os
 
-from vllm_dflash.serving.seams.decide import BACKEND_ENV, BACKENDS, Backend, before_config
+from vllm_dflash.serving.seams.decide import (
+    BACKEND_ENV,
+    BACKENDS,
+    Backend,
+    before_config,
+    servable,
+)
 
 __all__ = ["BACKENDS", "BACKEND_ENV", "register"]
 
@@ -27,6 +33,10 @@ def register() -> None:
     early = before_config(installed(), backend)
     if early is not None:
         logger.info("%s", early.why)
+        if backend.name == "builtin" and servable(installed()):
+            from vllm_dflash.serving import bench_drafts
+
+            bench_drafts.install_if_asked()  # vLLM's own dflash under the bench's drafts
         return
     _check_settings()  # a bad VLLM_DFLASH_* value stops the start, naming it
     from vllm_dflash.serving import activate
@@ -41,8 +51,16 @@ def register() -> None:
 
 def _check_settings() -> None:
     from vllm_dflash.adaptive.controller import AdaptiveSettings
+    from vllm_dflash.adaptive.policy import PolicySettings
     from vllm_dflash.observability.baseline import MetricsSettings
     from vllm_dflash.ops import CustomOpSettings
+    from vllm_dflash.serving.bench_drafts import BenchDraftSettings
 
-    for settings in (MetricsSettings, AdaptiveSettings, CustomOpSettings):
+    for settings in (
+        MetricsSettings,
+        AdaptiveSettings,
+        PolicySettings,
+        CustomOpSettings,
+        BenchDraftSettings,
+    ):
         settings.from_env()

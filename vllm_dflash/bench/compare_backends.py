@@ -26,13 +26,15 @@ from tqdm import tqdm
 from vllm_dflash.errors import DFlashConfigError, DFlashError
 
 BACKENDS = ("dflash", "builtin", "none")
-KINDS = ("dflash", "builtin", "none", "adaptive", "dflash-pytorch")
+KINDS = ("dflash", "dflash-fixed", "builtin", "none", "adaptive", "dflash-pytorch")
 
 
 def parse_backend(label: str) -> tuple[str, int | None]:
-    """``kind`` or ``kind:K``: dflash (ours), builtin (vLLM's), adaptive (ours, draft length
-    chosen per step, K the most), dflash-pytorch (ours without the compiled ops: the
-    before/after of csrc/), none; K overrides the run's draft tokens per step."""
+    """``kind`` or ``kind:K``: dflash (ours, with its draft policy: each request drafts up
+    to K where it pays), dflash-fixed (ours, every request verifies K drafts every step),
+    builtin (vLLM's), adaptive (ours, draft length chosen per step, K the most),
+    dflash-pytorch (ours without the compiled ops: the before/after of csrc/), none; K
+    overrides the run's draft tokens per step."""
     kind, _, k = label.partition(":")
     if kind not in KINDS or (k and (not k.isdigit() or int(k) < 1 or kind == "none")):
         raise DFlashConfigError(
@@ -131,6 +133,7 @@ class Engine:
             | {
                 "VLLM_DFLASH_BACKEND": "builtin" if kind == "builtin" else "dflash",
                 "VLLM_DFLASH_ADAPTIVE": "1" if kind == "adaptive" else "0",
+                "VLLM_DFLASH_DRAFT_POLICY": "fixed" if kind == "dflash-fixed" else "auto",
                 "VLLM_DFLASH_CUSTOM_OPS": "0" if kind == "dflash-pytorch" else "1",
                 "VLLM_DFLASH_BENCH_FD": str(write),
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -179,13 +182,17 @@ class Engine:
 
 
 def measure(
-    args: argparse.Namespace, prompts, workdir: Path, backends: Sequence[str] = BACKENDS
+    args: argparse.Namespace,
+    prompts,
+    workdir: Path,
+    backends: Sequence[str] = BACKENDS,
+    env: dict[str, str] | None = None,
 ) -> dict[tuple[str, int], list]:
     """Start every backend, then time them in interleaved rounds: (backend, c) -> passes."""
     engines: list[Engine] = []
     try:
         for backend in tqdm(backends, desc="starting engines", unit="engine"):
-            engines.append(Engine(backend, args, prompts, workdir))
+            engines.append(Engine(backend, args, prompts, workdir, env))
         passes: dict[tuple[str, int], list[dict]] = {}
         rounds = [(r, c) for r in range(args.repeats) for c in args.concurrency]
         for r, c in tqdm(rounds, desc="timed rounds", unit="round"):

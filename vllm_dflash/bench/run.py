@@ -2,13 +2,21 @@
 
     vllm-dflash bench [--target T --draft D] [--backends dflash,builtin,none]
         [--concurrency 1,4,16,32] [--prompts P.jsonl --num-prompts N --max-tokens M]
-        [--k K --repeats R] [--tensor-parallel-size N]
+        [--k K --repeats R] [--tensor-parallel-size N] [--drafts always|never]
         [--json out.json] [--plot out.png] [--workdir DIR]
         [--sweep-draft-cost [--sweep-gammas 1,2,3,4,6,8,12,15]]
 
-Backends: ``dflash`` (ours), ``builtin`` (vLLM's), ``adaptive`` (ours, draft length chosen
-per step, ``docs/adaptive-draft-length.md``), ``none``; ``:K`` sets one backend's draft
-tokens per step (``dflash:7``), ``--k`` everyone else's (default: block size - 1).
+Backends: ``dflash`` (ours, with its draft policy, ``docs/draft-policy.md``),
+``dflash-fixed`` (ours, K drafts every step), ``builtin`` (vLLM's), ``adaptive`` (ours, draft
+length chosen per step, ``docs/adaptive-draft-length.md``), ``none``; ``:K`` sets one
+backend's draft tokens per step (``dflash:7``), ``--k`` everyone else's (default: block
+size - 1).
+
+``--drafts always`` / ``never``: adversarial drafters built from any target. The drafter
+still runs, but its tokens are replaced by the target's own greedy continuation (every
+draft accepted) or by tokens that differ from it (none accepted), for every speculating
+backend alike (``serving/bench_drafts.py``); the continuation comes from one extra
+no-speculation pass before the engines start.
 
 Defaults: the embedded default (target, drafter, held-out prompts). Prints a markdown
 table (output tok/s, acceptance length, speedup vs ``none``, ratio vs ``builtin``, TTFT
@@ -84,6 +92,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "gets an equal share of the cores unless VLLM_CPU_OMP_THREADS_BIND is set",
     )
     p.add_argument("--repeats", type=int, default=3, help="timed passes per backend and load")
+    p.add_argument(
+        "--drafts",
+        choices=("drafter", "always", "never"),
+        default="drafter",
+        help="the drafter's own drafts, or adversarial ones: always or never accepted",
+    )
     p.add_argument("--json", type=Path, help="write the rows as JSON here")
     p.add_argument("--plot", type=Path, help="write tok/s and acceptance plots here (.png)")
     p.add_argument("--workdir", type=Path, help="engine logs and raw passes (default: temp)")
@@ -179,11 +193,30 @@ def run(args: argparse.Namespace) -> int:
 
         return _report(args, *sweep.sweep(args, prompts, workdir), sweep.plot)
     backends = list(dict.fromkeys([*args.backends, "none"]))  # speedups need the baseline
-    passes = measure(args, prompts, workdir, backends)  # an engine failure exits 2, named
+    env = None if args.drafts == "drafter" else _adversarial(args, prompts, workdir)
+    passes = measure(args, prompts, workdir, backends, env)  # an engine failure exits 2
     seconds = {f"{b}@{c}": [r["seconds"] for r in runs] for (b, c), runs in passes.items()}
     (workdir / "pass_seconds.json").write_text(json.dumps(seconds, indent=1))
     rows = compare(passes, args.concurrency, backends)
     return _report(args, rows, markdown(rows), plot)
+
+
+def _adversarial(args: argparse.Namespace, prompts, workdir: Path) -> dict[str, str]:
+    """One no-speculation pass for the target's greedy continuations (K + 1 tokens past
+    ``--max-tokens``, so the last drafts have theirs too); the engines' environment that
+    replaces every draft from them (``serving/bench_drafts.py``)."""
+    from vllm_dflash.bench.compare_backends import Engine
+
+    longer = argparse.Namespace(**vars(args) | {"max_tokens": args.max_tokens + args.k + 1})
+    (workdir / "oracle").mkdir(exist_ok=True)
+    engine = Engine("none", longer, prompts, workdir / "oracle")
+    try:
+        outputs = engine.run(len(prompts))["outputs"]
+    finally:
+        engine.close()
+    path = workdir / "oracle.json"
+    path.write_text(json.dumps([[p, o] for p, o in zip(prompts, outputs, strict=True)]))
+    return {"VLLM_DFLASH_BENCH_DRAFTS": args.drafts, "VLLM_DFLASH_BENCH_ORACLE": str(path)}
 
 
 def _report(args: argparse.Namespace, rows: list, text: str, plot_rows) -> int:

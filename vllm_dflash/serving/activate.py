@@ -28,10 +28,15 @@ from vllm_dflash.serving.seams.environment import installed, runner_of
 logger = logging.getLogger("vllm.plugins.vllm_dflash")
 
 # Our defaults for a dflash speculative config, where the user left the key out.
-# Drafts are sampled from the drafter's marginals q, and the rejection sampler accepts with
-# min(1, p/q) and resamples from max(0, p - q): lossless, and it accepts more than one-hot
-# argmax drafts do. vLLM does this only when asked.
-SPEC_DEFAULTS = {"draft_sample_method": "probabilistic"}
+# * Drafts are sampled from the drafter's marginals q, and the rejection sampler accepts
+#   with min(1, p/q) and resamples from max(0, p - q): lossless, and it accepts more than
+#   one-hot argmax drafts do. vLLM does this only when asked.
+# * vLLM drops the last block of every prefix-cache hit for EAGLE-style methods, dflash
+#   included, so that a draft head can recompute it. Our drafter reads only its context
+#   K/V, which is written for every token the target computes, in the same step and the
+#   same blocks as the target's K/V (``proposer.py``), so a cached block holds it already:
+#   keeping the block gives the hit rate of no speculation (docs/draft-policy.md).
+SPEC_DEFAULTS = {"draft_sample_method": "probabilistic", "disable_eagle_block_drop": True}
 
 
 def decide(vllm_config: Any) -> Decision:
@@ -45,6 +50,8 @@ def decide(vllm_config: Any) -> Decision:
 
 
 def apply(decision: Decision) -> None:
+    from vllm_dflash.serving import bench_drafts
+
     logger.info("%s", decision.why)
     if decision.serve:
         from vllm_dflash.serving.install import install
@@ -53,6 +60,7 @@ def apply(decision: Decision) -> None:
         install(decision.runner)
     else:
         patch.restore_all()
+    bench_drafts.install_if_asked()  # whoever drafts: the benchmark's adversarial drafts
 
 
 def watch() -> None:

@@ -37,7 +37,7 @@ from typing_extensions import override
 from vllm.config import VllmConfig
 from vllm.v1.sample.metadata import SamplingMetadata
 
-from vllm_dflash.serving import start_checks, step_timing
+from vllm_dflash.serving import draft_plan, draft_sampling, start_checks, step_timing
 from vllm_dflash.serving.drafter_config import feature_layers
 from vllm_dflash.serving.seams import resolve
 
@@ -55,6 +55,7 @@ class DFlashProposer(_SpecDecodeBaseProposer):
         self.draft = start_checks.checked_drafter(vllm_config)
         self.aux_layers = feature_layers(self.draft)
         super().__init__(vllm_config, device, pass_hidden_states_to_model=False, runner=runner)
+        self._runner = runner  # its batch's request ids say which rows the policy drafts
 
         k = self.num_speculative_tokens
         self.max_query_tokens = self.max_batch_size * (k + 1)
@@ -140,7 +141,6 @@ class DFlashProposer(_SpecDecodeBaseProposer):
         sampling_metadata: SamplingMetadata,
         num_rejected: torch.Tensor | None,  # [batch]
     ) -> torch.Tensor:
-        q = k + 1
         b = cad.num_reqs
         n_ctx = target_hidden_states.shape[0]
         self._last_draft_probs = None
@@ -158,28 +158,79 @@ class DFlashProposer(_SpecDecodeBaseProposer):
         if num_rejected is not None:
             verified = self._verified(cad, num_rejected, n_ctx)  # [n_ctx] bool
             if self._select_rows:  # cheaper to drop the rows before the projection
-                rows = verified.nonzero().squeeze(1)
-                features, positions, slots = features[rows], positions[rows], slots[rows]
+                kept = verified.nonzero().squeeze(1)
+                features, positions, slots = features[kept], positions[kept], slots[kept]
             else:
                 slots = torch.where(verified, slots, -1)
         self.model.precompute_and_store_context_kv(
             self.model.combine_hidden_states(features), positions, slots
         )
 
-        # 2. Block inputs: anchor = last verified token, then K masks.
+        # 2. Which requests draft (the draft policy, ``draft_plan.py``; all without it),
+        # and their blocks: anchor = last verified token, then K masks.
         last = cad.query_start_loc[1 : b + 1].long() - 1
         seq_lens = cad.seq_lens[:b]
         if num_rejected is not None:
             last = last - num_rejected[:b]
             seq_lens = seq_lens - num_rejected[:b]
-        pos = target_positions[last][:, None] + 1 + self._block_offsets[:q]  # [B, Q]
+        anchors = target_positions[last]  # [B]
+        next_ids, block_table = next_token_ids[:b], cad.block_table_tensor[:b]
+        upper = cad.seq_lens_cpu_upper_bound
+        batch_ids = None if self._runner is None else self._runner.input_batch.req_ids[:b]
+        rows = None if batch_ids is None else draft_plan.rows(batch_ids)
+        if rows is not None and len(rows) == b:
+            rows = None
+        if rows is not None:
+            if not rows:  # nobody drafts: the context K/V write was all this step needed
+                return next_token_ids.new_zeros(b, k)
+            sel = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            anchors, seq_lens = anchors[sel], seq_lens[sel]
+            next_ids, block_table = next_ids[sel], block_table[sel]
+            upper = None if upper is None else upper[rows]
+        tokens, probs = self._draft_blocks(
+            k,
+            anchors,
+            seq_lens,
+            next_ids,
+            block_table,
+            upper,
+            cad.max_seq_len,
+            sampling_metadata,
+            rows,
+        )
+        if rows is None:
+            self._last_draft_probs = probs
+            return tokens
+        full = tokens.new_zeros(b, k)  # rows that do not draft: never verified
+        full[sel] = tokens
+        if probs is not None:
+            self._last_draft_probs = probs.new_zeros(b, *probs.shape[1:])
+            self._last_draft_probs[sel] = probs
+        return full
+
+    def _draft_blocks(
+        self,
+        k: int,
+        anchors: torch.Tensor,  # [n] position of each drafting request's last verified token
+        seq_lens: torch.Tensor,  # [n] its verified length
+        next_ids: torch.Tensor,  # [n] its last verified token
+        block_table: torch.Tensor,  # [n, max_blocks]
+        upper: torch.Tensor | None,  # [n] host upper bound of seq_lens
+        max_seq_len: int,
+        sampling_metadata: SamplingMetadata,
+        rows: list[int] | None,  # the batch row of each drafting request; None: 0..n-1
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One drafter forward over the blocks of n requests -> drafts [n, k] and, for
+        sampled drafts, their probabilities [n, k, vocab]."""
+        q, b = k + 1, anchors.shape[0]
+        pos = anchors[:, None] + 1 + self._block_offsets[:q]  # [n, Q]
         n_q = b * q
         self.positions[:n_q] = pos.reshape(-1)
         ids = self.input_ids[:n_q].view(b, q)
-        ids[:, 0] = next_token_ids[:b]
+        ids[:, 0] = next_ids
         ids[:, 1:] = self.draft.mask_token_id
         bs = self.block_size
-        blocks = cad.block_table_tensor[:b].gather(1, pos // bs)
+        blocks = block_table.gather(1, pos // bs)
         slots = (blocks * bs + pos % bs).reshape(-1)
 
         # k may be below the configured K (adaptive draft length)
@@ -187,14 +238,12 @@ class DFlashProposer(_SpecDecodeBaseProposer):
             query_start_loc=self._request_index_dev[: b + 1] * q,
             query_start_loc_cpu=self._request_index[: b + 1] * q,
             seq_lens=seq_lens + q,
-            seq_lens_cpu_upper_bound=(
-                None if cad.seq_lens_cpu_upper_bound is None else cad.seq_lens_cpu_upper_bound + q
-            ),
+            seq_lens_cpu_upper_bound=None if upper is None else upper + q,
             num_reqs=b,
             num_actual_tokens=n_q,
             max_query_len=q,
-            max_seq_len=cad.max_seq_len + q,
-            block_table_tensor=cad.block_table_tensor,
+            max_seq_len=max_seq_len + q,
+            block_table_tensor=block_table,
             slot_mapping=slots,
             causal=False,
         )
@@ -213,13 +262,13 @@ class DFlashProposer(_SpecDecodeBaseProposer):
             hidden = self.model(self.input_ids[:n_in], self.positions[:n_in])
         masks = hidden[:n_q].view(b, q, -1)[:, 1:].reshape(b * k, -1)
         if sampling_metadata.all_greedy or not self._enable_probabilistic_draft_probs:
-            return self.model.get_top_tokens(masks).view(b, k)
+            return self.model.get_top_tokens(masks).view(b, k), None
         # Sampled drafts need the whole distribution q for the rejection sampler.
         logits = self.model.compute_logits(masks)
-        tokens, probs = self._sample_from_logits(logits, sampling_metadata)
-        if probs is not None:
-            self._last_draft_probs = probs.view(b, k, -1)
-        return tokens.view(b, k)
+        tokens, probs = draft_sampling.sample(
+            logits.view(b, k, -1), sampling_metadata, list(range(b)) if rows is None else rows
+        )
+        return tokens, probs
 
     def _verified(
         self, cad: CommonAttentionMetadata, num_rejected: torch.Tensor, n: int

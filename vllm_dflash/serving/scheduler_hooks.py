@@ -1,11 +1,14 @@
 """Our part of vLLM's scheduler (engine core): each of its methods wrapped once (seam
 ``scheduler``), everything the scheduler does for us in one place.
 
-* ``__init__``: with ``VLLM_DFLASH_ADAPTIVE=1``, the scheduler's per-step draft length comes
-  from our controller (``adaptive_gamma.py``) instead of vLLM's batch-size lookup.
-* ``schedule``: now and then a *baseline step*: every request's drafts are dropped before
-  scheduling, so the step runs as plain decoding and its time is a sample of the
-  no-speculation step time (``observability/baseline.py``).
+* ``__init__``: by default each request's draft length comes from our draft policy
+  (``draft_plan.py``); with ``VLLM_DFLASH_ADAPTIVE=1`` the per-step draft length comes from
+  our controller (``adaptive_gamma.py``) instead of vLLM's batch-size lookup.
+* ``schedule``: drafts are cut to the policy's lengths before scheduling, and the next
+  lengths planned after it. Now and then a *baseline step*: every request's drafts are
+  dropped before scheduling (a seeded request's stay, see ``adaptive/policy.py``), so the
+  step runs as plain decoding and its time is a sample of the no-speculation step time
+  (``observability/baseline.py``).
 * ``update_from_output``: the runner's ``StepTiming`` records (``step_timing.py``) go to
   the controller and, as the per-step payload, into the ``SchedulerStats`` vLLM sends to the
   API server, in one added dataclass field (seam ``scheduler_stats``), where our stat logger
@@ -26,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_dflash.adaptive.controller import GammaController
+from vllm_dflash.adaptive.policy import DraftPolicy
 from vllm_dflash.observability.baseline import MetricsSettings, SamplePolicy
-from vllm_dflash.serving import adaptive_gamma
+from vllm_dflash.serving import adaptive_gamma, draft_plan
 from vllm_dflash.serving.seams import SEAMS, patch
 from vllm_dflash.serving.step_timing import ATTR, StepTiming
 
@@ -42,6 +46,8 @@ class SchedulerState:
 
     policy: SamplePolicy | None  # baseline steps; None when the engine logs no stats
     controller: GammaController | None  # the adaptive draft length; None when off
+    drafts: DraftPolicy | None  # the per-request draft policy; None when not served
+    lengths: dict[str, int] = field(default_factory=dict)  # planned at the previous step
     step: int = 0
     no_verify: set[int] = field(default_factory=set)  # ids of outputs scheduled without drafts
     carry: list[list[float]] = field(default_factory=list)  # baseline samples not yet sent
@@ -86,7 +92,9 @@ def _init(init):
         if not (spec and spec.method == "dflash" and self.num_spec_tokens):
             return
         policy = SamplePolicy(MetricsSettings.from_env()) if self.log_stats else None
-        self._dflash = SchedulerState(policy, adaptive_gamma.controller_for(self))
+        self._dflash = SchedulerState(
+            policy, adaptive_gamma.controller_for(self), draft_plan.policy_for(self)
+        )
 
     return __init__
 
@@ -94,15 +102,22 @@ def _init(init):
 def _schedule(schedule):
     def schedule_with_baselines(self, *args, **kwargs):
         st = _state(self)
-        if st is None or st.policy is None:
+        if st is None:
             return schedule(self, *args, **kwargs)
-        st.step += 1
-        batch = sum(1 for r in self.running if not r.is_prefill_chunk)
-        due = not self.waiting and st.policy.due(st.step, batch)
+        if st.drafts is not None:
+            draft_plan.cut_drafts(self.running, st.lengths)
+        due = False
+        if st.policy is not None:
+            st.step += 1
+            batch = sum(1 for r in self.running if not r.is_prefill_chunk)
+            due = not self.waiting and st.policy.due(st.step, batch)
         if due:
             for r in self.running:
-                r.spec_token_ids = []  # verifies nothing this step: plain decoding
+                if not draft_plan.seeded(r):
+                    r.spec_token_ids = []  # verifies nothing this step: plain decoding
         out = schedule(self, *args, **kwargs)
+        if st.drafts is not None:
+            st.lengths = draft_plan.plan_step(st.drafts, self, out)
         if due:
             st.no_verify.add(id(out))
             st.policy.taken(st.step, batch)
@@ -119,6 +134,11 @@ def _update(update):
         timings: list[StepTiming] = getattr(model_runner_output, ATTR, None) or []
         if st.controller is not None:
             adaptive_gamma.observe(st.controller, scheduler_output, model_runner_output, timings)
+        if st.drafts is not None:
+            draft_plan.observe(st.drafts, scheduler_output, model_runner_output)
+            for t in timings:
+                if t.decode_only:
+                    st.drafts.observe_step(t.batch, t.drafting, t.drafter_s, t.verified, t.verify_s)
         outputs = update(self, scheduler_output, model_runner_output)
         if st.policy is None:
             return outputs

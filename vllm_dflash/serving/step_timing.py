@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from vllm_dflash.serving import draft_plan
 from vllm_dflash.serving.seams import patch
 
 ATTR = "dflash_timings"
@@ -36,6 +37,8 @@ class StepTiming:
     verify_gamma: int  # drafts verified per request (mean, rounded)
     draft_gamma: int  # drafts per request the scheduler asked for the next step
     plain: int  # the batch, when the step verified nothing (plain decoding); else 0
+    drafting: int = 0  # requests the drafter drafts for in this step
+    verified: int = 0  # drafts verified in this step, all requests together
     drafter_s: float = 0.0  # in our proposer's propose
     verify_s: float = 0.0  # the rest: target forward, rejection sampling, bookkeeping
 
@@ -51,6 +54,8 @@ class StepTiming:
             verify_gamma=round(drafts / n) if n else 0,
             draft_gamma=getattr(so, "num_spec_tokens_to_schedule", 0) or 0,
             plain=n if decode_only and not drafts else 0,
+            drafting=draft_plan.drafting(so, n),
+            verified=drafts,
         )
 
 
@@ -142,6 +147,7 @@ def _times(runner: Any) -> RunnerTimes | None:
 
 def _opening_step(execute_model):
     def execute_model_timed(self, scheduler_output, *args, **kwargs):
+        draft_plan.runner_step(scheduler_output)
         if (t := _times(self)) is not None:
             t.step = _Step(StepTiming.of(scheduler_output), t.clock.mark())
         return execute_model(self, scheduler_output, *args, **kwargs)

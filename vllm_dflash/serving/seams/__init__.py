@@ -317,18 +317,22 @@ _SEAMS = (
         "vllm.v1.core.sched.scheduler",
         "Scheduler",
         ALL,
-        "wrap: baseline steps, the adaptive draft length, the per-step stats payload",
+        "wrap: baseline steps, the draft policy, the adaptive draft length, the per-step "
+        "stats payload, the bench's adversarial drafts",
         members=(
             ("__init__", ("vllm_config", "kv_cache_config")),
             ("schedule", ()),
             ("update_from_output", ("scheduler_output", "model_runner_output")),
+            ("update_draft_token_ids", ("draft_token_ids",)),
         ),
         fields=(
             "vllm_config",
+            "scheduler_config",
             "num_spec_tokens",
             "log_stats",
             "running",
             "waiting",
+            "requests",
             "dynamic_sd_lookup",
         ),
     ),
@@ -337,8 +341,16 @@ _SEAMS = (
         "vllm.v1.request",
         "Request",
         ALL,
-        "set: a baseline step clears `spec_token_ids` before scheduling",
-        fields=("spec_token_ids", "is_prefill_chunk"),
+        "set: a baseline step clears `spec_token_ids`, the draft policy cuts them; read: "
+        "seeded or not, the prompt and output (the bench's adversarial drafts)",
+        fields=(
+            "request_id",
+            "spec_token_ids",
+            "is_prefill_chunk",
+            "sampling_params",
+            "prompt_token_ids",
+            "output_token_ids",
+        ),
     ),
     Seam(
         "scheduler_output",
@@ -352,6 +364,7 @@ _SEAMS = (
             "scheduled_spec_decode_tokens",
             "num_spec_tokens_to_schedule",
             "num_invalid_spec_tokens",
+            "finished_req_ids",
         ),
     ),
     Seam(

@@ -78,6 +78,11 @@ def before_config(installed: Installed, backend: Backend) -> Decision | None:
     return Decision(False, f"{ASIDE}{problem}; vLLM is left as it is. Fix: {fix}")
 
 
+def servable(installed: Installed) -> bool:
+    """Whether this vLLM is a build, version and platform whose seams we know."""
+    return _install_problem(installed)[0] is None
+
+
 def _install_problem(installed: Installed) -> tuple[str | None, str]:
     dist, version = installed.distribution, installed.version
     if dist is None or version is None:

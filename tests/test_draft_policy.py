@@ -1,0 +1,127 @@
+"""The draft-length policy (adaptive/policy.py), without vLLM: simulated requests whose drafts
+land or miss, on step costs shaped like the ones the CPU test machine measures."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vllm_dflash.adaptive.policy import DraftPolicy, PolicySettings
+from vllm_dflash.errors import DFlashConfigError
+
+K = 7
+
+
+def _cost(batch: int, drafting: int, verified: int) -> tuple[float, float]:
+    """(drafter seconds, rest of the step): plain step 10 ms + 1 ms per request; context
+    write 0.5 ms; each drafting request 2 ms; each verified draft 0.8 ms."""
+    return 0.0005 + 0.002 * drafting, 0.010 + 0.001 * batch + 0.0008 * verified
+
+
+def _simulate(policy: DraftPolicy, accept: dict[str, float], steps: int, seed: int = 0):
+    """Runs ``steps`` engine steps; ``accept[r]``: the chance each draft of r is accepted.
+    Returns per request the lengths it verified, and the tokens per second of the run."""
+    rng = random.Random(seed)
+    planned: dict[str, int] = {}
+    verified_lengths: dict[str, list[int]] = {r: [] for r in accept}
+    tokens, seconds = 0, 0.0
+    for _ in range(steps):
+        total = 0
+        for r in accept:
+            verified_lengths[r].append(planned.get(r, 0))
+        for r, n in planned.items():
+            accepted = 0
+            while accepted < n and rng.random() < accept[r]:
+                accepted += 1
+            policy.observe_verify(r, n, accepted)
+            tokens += 1 + accepted
+            total += n
+        tokens += len(accept) - len(planned)
+        decision = policy.plan([(r, False) for r in accept])
+        drafting = sum(1 for n in decision.lengths.values() if n)
+        d, v = _cost(len(accept), drafting, total)
+        seconds += d + v
+        policy.observe_step(len(accept), drafting, d, total, v)
+        planned = {r: n for r, n in decision.lengths.items() if n}
+    return verified_lengths, tokens / seconds
+
+
+def _fixed_rate(accept: dict[str, float], steps: int) -> float:
+    policy = DraftPolicy(K)
+    policy.plan = lambda batch: type("D", (), {"lengths": {r: K for r, _ in batch}})()  # type: ignore[method-assign]
+    return _simulate(policy, accept, steps)[1]
+
+
+def _plain_rate(accept: dict[str, float]) -> float:
+    d, v = _cost(len(accept), 0, 0)
+    return len(accept) / (d + v)
+
+
+def test_a_request_whose_drafts_miss_stops_while_the_others_go_on():
+    accept = {"good": 0.9, "bad": 0.0, "good2": 0.9, "bad2": 0.0}
+    lengths, _ = _simulate(DraftPolicy(K), accept, 400)
+    for r in ("bad", "bad2"):
+        late = lengths[r][200:]
+        assert sum(1 for n in late if n) <= len(late) / 8, late  # only probes
+    for r in ("good", "good2"):
+        late = lengths[r][200:]
+        assert sum(1 for n in late if n) >= 0.9 * len(late), late
+
+
+def test_never_accepted_drafts_cost_little_against_plain_decoding():
+    accept = {f"r{i}": 0.0 for i in range(4)}
+    _, rate = _simulate(DraftPolicy(K), accept, 600)
+    assert rate >= 0.95 * _plain_rate(accept)
+    assert _fixed_rate(accept, 600) < 0.7 * _plain_rate(accept)  # what fixed K costs here
+
+
+def test_always_accepted_drafts_keep_the_full_length():
+    accept = {f"r{i}": 1.0 for i in range(4)}
+    lengths, rate = _simulate(DraftPolicy(K), accept, 400)
+    assert rate >= 0.95 * _fixed_rate(accept, 400)
+    assert all(n == K for n in lengths["r0"][100:] if n)
+
+
+def test_probes_find_a_request_whose_drafts_start_landing():
+    policy = DraftPolicy(K)
+    accept = {"a": 0.0, "b": 0.9}
+    _simulate(policy, accept, 200)
+    lengths, _ = _simulate(policy, {"a": 0.95, "b": 0.9}, 300, seed=1)
+    assert sum(1 for n in lengths["a"][-100:] if n) >= 90
+
+
+def test_seeded_requests_follow_their_own_history_only():
+    """The same seeded request gets the same lengths whatever the batch around it."""
+
+    def lengths_of(batch_extra: int, seed: int) -> list[int]:
+        policy = DraftPolicy(K)
+        rng = random.Random(seed)
+        out = []
+        ids = [f"x{i}" for i in range(batch_extra)]
+        for step in range(120):
+            d = policy.plan([("s", True)] + [(r, False) for r in ids])
+            out.append(d.lengths["s"])
+            if d.lengths["s"]:  # its own outcome: a fixed pattern
+                policy.observe_verify("s", d.lengths["s"], 3 if step < 40 else 0)
+            for r in ids:
+                if d.lengths[r]:
+                    policy.observe_verify(r, d.lengths[r], rng.randrange(d.lengths[r] + 1))
+            policy.observe_step(1 + batch_extra, 1, 0.01 * rng.random(), 3, 0.02 * rng.random())
+        return out
+
+    alone = lengths_of(0, 0)
+    assert alone == lengths_of(7, 1) == lengths_of(30, 2)
+    assert 0 in alone and K in alone
+
+
+def test_finished_requests_are_forgotten():
+    policy = DraftPolicy(K)
+    policy.plan([("a", False), ("b", False)])
+    policy.finished({"a"})
+    assert set(policy.requests) == {"b"}
+
+
+def test_bad_policy_setting_names_the_variable():
+    with pytest.raises(DFlashConfigError, match="VLLM_DFLASH_DRAFT_POLICY='sometimes'.*Fix"):
+        PolicySettings.from_env({"VLLM_DFLASH_DRAFT_POLICY": "sometimes"})

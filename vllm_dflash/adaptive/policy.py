@@ -1,0 +1,295 @@
+"""Who drafts, and how many drafts each verifies: the draft-length policy our plugin serves
+by default (``VLLM_DFLASH_DRAFT_POLICY=auto``).
+
+Each engine step, for the B requests that decode, the policy picks a step length g
+(1..K, K = ``num_speculative_tokens``) and a set S of requests that draft; every other
+request has draft length 0 for that step and decodes plainly. It maximises the tokens per
+second the step is expected to commit,
+
+    (B + sum over r in S of (tau_r(g) - 1)) / (T_plain(B) + |S| * (c_row(B) + g * c_tok(B)))
+
+* ``tau_r(g)``: the tokens request r commits per step at length g, from its *own*
+  per-position acceptance (a short memory, ``policy_half_life`` verifies), shrunk towards
+  the engine-wide estimate while the request has little history. So one request whose
+  drafts keep missing stops drafting while the others go on.
+* ``T_plain``, ``c_row``, ``c_tok``: measured, per batch-size bucket, from the model
+  runner's own timing of every decode step (``serving/step_timing.py``): the drafter's time
+  when nobody drafts (the context K/V write alone), the rest of a step that verifies
+  nothing (a plain decode step), and what each drafting request adds to the drafter's time
+  and each verified draft to the rest. Cost is modelled as linear in drafting requests and
+  verified drafts, which is what a CPU measures; on a GPU the line is the local slope at
+  the batch sizes it serves. A bucket without measurements yet runs plain probe steps (S
+  empty) on every other step until it has them, and refreshes one every
+  ``policy_refresh_every`` steps.
+
+S is found greedily: requests in order of tau_r(g) - 1, each added while its extra tokens
+per extra second beat the step's rate so far. A request outside S is *probed*: after
+``policy_first_probe`` steps without drafting it drafts one full block, and the wait
+doubles after each probe that did not put it back into S, up to ``policy_max_probe``.
+
+Requests that sample with a ``seed`` follow a rule of their own history only (they draft
+while their own expected accepted drafts per step stay at or above
+``policy_seeded_min_accepted``, and probe on the same schedule): the number of drafts a
+seeded request verifies, and so the random numbers its rejection sampling draws, never
+depends on what else is in the batch, and the same request repeats its tokens in any
+batch.
+
+The drafter always drafts its full block for a drafting request (a DFlash block's
+positions attend to each other, so a shorter block would be a different distribution);
+the step length only limits how many of those drafts are verified. The drafter's context
+K/V is written for every request every step, drafting or not (``serving/proposer.py``):
+that is the fused-feature projection of the tokens the target just computed, a small
+share of the drafter's cost, and it leaves nothing to catch up when a request drafts
+again.
+
+Pure Python: it runs, and is tested, without vLLM (``serving/draft_plan.py`` wires it into
+vLLM's scheduler).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import Field
+
+from vllm_dflash.adaptive.controller import AcceptanceEstimate, _Fit
+from vllm_dflash.env_settings import EnvSettings
+from vllm_dflash.observability.baseline import bucket
+
+
+class PolicySettings(EnvSettings):
+    """Read from ``VLLM_DFLASH_<FIELD>`` in every vLLM process."""
+
+    draft_policy: Literal["auto", "fixed"] = Field(
+        "auto",
+        description='"auto" (each request drafts only where it pays) or "fixed" (every '
+        "request verifies num_speculative_tokens drafts every step)",
+    )
+    policy_first_probe: int = Field(
+        4, ge=1, description="steps a request waits without drafting before its first probe"
+    )
+    policy_max_probe: int = Field(
+        64, ge=1, description="the longest wait, in steps, between two probes of a request"
+    )
+    policy_half_life: int = Field(
+        8, ge=1, description="verifies after which a request's own acceptance weighs 1/2"
+    )
+    policy_refresh_every: int = Field(
+        64, ge=2, description="steps between plain steps that refresh the measured costs"
+    )
+    policy_seeded_min_accepted: float = Field(
+        1.0, ge=0.0, description="accepted drafts per step a seeded request needs to draft"
+    )
+
+
+# Pseudo-verifies of the engine-wide acceptance that a request's own counts start from.
+PRIOR_WEIGHT = 2.0
+PLAIN_SAMPLES = 2  # plain-step measurements a bucket needs before it trusts its costs
+
+
+@dataclass
+class RequestState:
+    """One request's acceptance by draft position, and where it is in its probe schedule."""
+
+    seeded: bool
+    trials: list[float]
+    hits: list[float]
+    idle: int = 0  # consecutive steps without drafting
+    wait: int = 0  # idle steps before the next probe
+
+    def observe(self, drafted: int, accepted: int, keep: float) -> None:
+        for k in range(min(drafted, accepted + 1, len(self.trials))):
+            self.trials[k] = self.trials[k] * keep + 1.0
+            self.hits[k] = self.hits[k] * keep + (1.0 if k < accepted else 0.0)
+
+    def tau(self, prior: list[float], weight: float) -> list[float]:
+        """tau(g) for g = 0..K: 1 + sum over k <= g of a_1 * ... * a_k, with a_k its own
+        rate shrunk towards ``prior[k]`` by ``weight`` pseudo-trials."""
+        out, c = [1.0], 1.0
+        for t, h, p in zip(self.trials, self.hits, prior, strict=True):
+            c *= (h + weight * p) / (t + weight)
+            out.append(out[-1] + c)
+        return out
+
+
+@dataclass
+class BucketCosts:
+    """Step costs at one batch-size bucket (seconds; see the module docstring)."""
+
+    plain_draft: _Fit = field(default_factory=_Fit)
+    plain_verify: _Fit = field(default_factory=_Fit)
+    per_row: _Fit = field(default_factory=_Fit)
+    per_token: _Fit = field(default_factory=_Fit)
+
+    def complete(self) -> bool:
+        return (
+            min(self.plain_draft.samples, self.plain_verify.samples) >= PLAIN_SAMPLES
+            and min(self.per_row.samples, self.per_token.samples) > 0
+        )
+
+
+@dataclass(frozen=True)
+class Costs:
+    plain: float  # a step in which nobody drafts or verifies
+    row: float  # added by each drafting request
+    token: float  # added by each verified draft
+
+
+@dataclass
+class Decision:
+    """One step's plan: draft length per request (0: decodes plainly, drafts nothing)."""
+
+    lengths: dict[str, int]
+    gamma: int  # the step length of the cost-chosen requests
+    plain_probe: bool  # a step that measures the plain cost
+
+
+class DraftPolicy:
+    def __init__(self, k_max: int, settings: PolicySettings | None = None) -> None:
+        if k_max < 1:
+            raise ValueError(f"k_max = {k_max}: need at least one draft token")
+        self.k = k_max
+        self.s = settings or PolicySettings()
+        self.keep = 0.5 ** (1.0 / self.s.policy_half_life)
+        self.engine = AcceptanceEstimate(k_max, half_life=2000)
+        self.requests: dict[str, RequestState] = {}
+        self.costs: dict[int, BucketCosts] = {}
+        self.step = 0
+        self.plain_attempts: dict[int, int] = {}
+
+    # ---- decisions ----------------------------------------------------------------------
+    def plan(self, batch: list[tuple[str, bool]]) -> Decision:
+        """Draft lengths for the requests ``batch`` [(request id, seeded)] that decode in
+        this step; they draft now and verify these lengths in the next step."""
+        self.step += 1
+        states = {rid: self._state(rid, seeded) for rid, seeded in batch}
+        lengths = {rid: self._seeded_length(st) for rid, st in states.items() if st.seeded}
+        free = [rid for rid, st in states.items() if not st.seeded]
+        b = len(batch)
+        gamma, chosen, plain_probe = self.k, list(free), False
+        costs = self.costs_at(b)
+        if self._plain_probe_due(b, costs):
+            gamma, chosen, plain_probe = 0, [], True
+        elif costs is not None:
+            gamma, chosen = self._choose(free, lengths, states, costs, b)
+        for rid in free:
+            lengths[rid] = gamma if rid in chosen else 0
+        for rid, st in states.items():
+            if not st.seeded and not plain_probe and lengths[rid] == 0 and st.idle >= st.wait:
+                lengths[rid] = self.k  # a probe: does drafting pay again?
+                st.wait = min(2 * st.wait, self.s.policy_max_probe)
+            elif not st.seeded and rid in chosen:
+                st.wait = self.s.policy_first_probe
+            st.idle = 0 if lengths[rid] else st.idle + 1
+        return Decision(lengths, gamma, plain_probe)
+
+    def _state(self, rid: str, seeded: bool) -> RequestState:
+        st = self.requests.get(rid)
+        if st is None:
+            st = self.requests[rid] = RequestState(
+                seeded, [0.0] * self.k, [0.0] * self.k, wait=self.s.policy_first_probe
+            )
+        return st
+
+    def _seeded_length(self, st: RequestState) -> int:
+        """A function of the request's own history only (see the module docstring)."""
+        if st.trials[0] == 0.0:
+            return self.k  # no history yet: draft
+        accepted = st.tau([0.5] * self.k, PRIOR_WEIGHT)[self.k] - 1.0
+        if accepted >= self.s.policy_seeded_min_accepted:
+            st.wait = self.s.policy_first_probe
+            return self.k
+        if st.idle >= st.wait:
+            st.wait = min(2 * st.wait, self.s.policy_max_probe)
+            return self.k
+        return 0
+
+    def _plain_probe_due(self, b: int, costs: Costs | None) -> bool:
+        own = self.costs.get(bucket(b))
+        samples = 0 if own is None else min(own.plain_draft.samples, own.plain_verify.samples)
+        if samples < PLAIN_SAMPLES:
+            tries = self.plain_attempts.get(bucket(b), 0)
+            if tries < 4 * PLAIN_SAMPLES and (self.step % 2 == 0 or costs is None):
+                self.plain_attempts[bucket(b)] = tries + 1
+                return True
+            return False
+        return self.step % self.s.policy_refresh_every == 0
+
+    def _choose(
+        self,
+        free: list[str],
+        fixed: dict[str, int],
+        states: dict[str, RequestState],
+        costs: Costs,
+        b: int,
+    ) -> tuple[int, list[str]]:
+        """The step length and drafting set that maximise the expected commit rate."""
+        prior = self.engine.conditional()
+        taus = {rid: states[rid].tau(prior, PRIOR_WEIGHT) for rid in free}
+        base_n, base_t = float(b), costs.plain
+        for rid, g in fixed.items():  # seeded requests: their lengths are given
+            if g:
+                base_n += states[rid].tau(prior, PRIOR_WEIGHT)[g] - 1.0
+                base_t += costs.row + g * costs.token
+        best_rate, best_g, best_n = base_n / base_t, 0, 0
+        for g in range(1, self.k + 1):
+            cost = costs.row + g * costs.token
+            n, t, m = base_n, base_t, 0
+            for gain in sorted((tau[g] - 1.0 for tau in taus.values()), reverse=True):
+                if gain * t <= n * cost:  # adding it would lower the rate
+                    break
+                n, t, m = n + gain, t + cost, m + 1
+            if n / t > best_rate * (1.0 + 1e-9):
+                best_rate, best_g, best_n = n / t, g, m
+        if best_g == 0:
+            return self.k, []
+        ranked = sorted(free, key=lambda rid: taus[rid][best_g], reverse=True)
+        return best_g, ranked[:best_n]
+
+    def costs_at(self, b: int) -> Costs | None:
+        """Costs at batch size ``b``: its own bucket's once complete, else the nearest
+        complete bucket's (in log batch size), else None."""
+        own = bucket(b)
+        done = [k for k, c in self.costs.items() if c.complete()]
+        if not done:
+            return None
+        pick = own if own in done else min(done, key=lambda k: (abs(math.log(k / own)), k))
+        c = self.costs[pick]
+        plain = c.plain_draft.at(b) + c.plain_verify.at(b)
+        return Costs(plain, max(c.per_row.at(b), 0.0), max(c.per_token.at(b), 0.0))
+
+    # ---- observations -------------------------------------------------------------------
+    def observe_verify(self, rid: str, drafted: int, accepted: int) -> None:
+        """Request ``rid`` verified ``drafted`` drafts and ``accepted`` of them (a prefix)."""
+        if drafted <= 0:
+            return
+        self.engine.observe(drafted, accepted)
+        st = self.requests.get(rid)
+        if st is not None:
+            st.observe(drafted, accepted, self.keep)
+
+    def observe_step(
+        self, batch: int, drafting: int, drafter_s: float, verified: int, verify_s: float
+    ) -> None:
+        """Runner times of one decode step: ``drafting`` requests drafted (the drafter's
+        ``drafter_s``), ``verified`` drafts were verified (the rest, ``verify_s``)."""
+        if batch <= 0:
+            return
+        c = self.costs.setdefault(bucket(batch), BucketCosts())
+        keep = 0.97
+        if drafting == 0:
+            c.plain_draft.add(batch, drafter_s, keep)
+        elif c.plain_draft.samples:
+            extra = (drafter_s - c.plain_draft.at(batch)) / drafting
+            c.per_row.add(batch, max(extra, 0.0), keep)
+        if verified == 0:
+            c.plain_verify.add(batch, verify_s, keep)
+        elif c.plain_verify.samples:
+            extra = (verify_s - c.plain_verify.at(batch)) / verified
+            c.per_token.add(batch, max(extra, 0.0), keep)
+
+    def finished(self, request_ids: set[str]) -> None:
+        for rid in request_ids:
+            self.requests.pop(rid, None)

@@ -1,0 +1,116 @@
+"""The draft-length policy (``adaptive/policy.py``) between vLLM's scheduler and our proposer.
+
+Drafts made in step N are verified in step N+1. So, in the engine core's scheduler:
+
+* before ``schedule`` (step N+1), each request's drafts are cut to the length the policy
+  gave it at step N (none for a request that did not draft);
+* after it, the policy plans step N+1: the lengths go on the ``SchedulerOutput`` as
+  ``dflash_draft_lengths`` (request id -> length, only requests that draft), which reaches
+  the model runner with the output (a plain attribute of a dataclass: it survives vLLM's
+  pickling to worker processes);
+* ``update_from_output`` feeds back what each request accepted and what the runner's step
+  timing measured (``step_timing.py`` reads the plan to count the drafting requests).
+
+In the worker, our proposer asks ``rows`` which of its batch rows draft this step.
+
+Where the policy is not served (``VLLM_DFLASH_DRAFT_POLICY=fixed``, ``VLLM_DFLASH_ADAPTIVE=1``,
+async scheduling, model runner V2), no plan is attached and every request drafts the step's
+length, as vLLM itself does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vllm_dflash.adaptive.controller import AdaptiveSettings
+from vllm_dflash.adaptive.policy import DraftPolicy, PolicySettings
+
+ATTR = "dflash_draft_lengths"
+
+logger = logging.getLogger("vllm.plugins.vllm_dflash")
+
+
+def policy_for(scheduler: Any) -> DraftPolicy | None:
+    """The policy for this scheduler, or None where it is not served (logged once)."""
+    from vllm_dflash.serving.seams.environment import runner_of
+
+    settings = PolicySettings.from_env()
+    if settings.draft_policy == "fixed":
+        return None
+    why = None
+    if AdaptiveSettings.from_env().adaptive:
+        why = "VLLM_DFLASH_ADAPTIVE=1 chooses one draft length per step instead"
+    elif scheduler.scheduler_config.async_scheduling:
+        why = "async scheduling (not yet verified with per-request lengths)"
+    elif runner_of(scheduler.vllm_config) != "v1":
+        why = "model runner V2 (the policy is engine-tested on runner V1 only)"
+    if why is not None:
+        logger.info("vllm-dflash: fixed draft length, not the draft policy: %s", why)
+        return None
+    logger.info(
+        "vllm-dflash: draft policy 'auto': each request drafts up to %d tokens where it pays "
+        "(VLLM_DFLASH_DRAFT_POLICY=fixed for a fixed length)",
+        scheduler.num_spec_tokens,
+    )
+    return DraftPolicy(scheduler.num_spec_tokens, settings)
+
+
+def seeded(request: Any) -> bool:
+    """Whether the request samples from its own seeded generator."""
+    sp = request.sampling_params
+    return sp is not None and sp.seed is not None and sp.temperature > 0.0
+
+
+def cut_drafts(running: list[Any], lengths: dict[str, int]) -> None:
+    """Before scheduling: each request verifies at most the length it was planned."""
+    for r in running:
+        n = lengths.get(r.request_id, 0)
+        if len(r.spec_token_ids) > n:
+            r.spec_token_ids = r.spec_token_ids[:n]
+
+
+def plan_step(policy: DraftPolicy, scheduler: Any, out: Any) -> dict[str, int]:
+    """After scheduling: the lengths of the requests that decode; attached to ``out``."""
+    batch = [
+        (rid, seeded(r))
+        for rid in out.num_scheduled_tokens
+        if not (r := scheduler.requests[rid]).is_prefill_chunk
+    ]
+    lengths = policy.plan(batch).lengths
+    setattr(out, ATTR, {rid: n for rid, n in lengths.items() if n})
+    return lengths
+
+
+def observe(policy: DraftPolicy, so: Any, mro: Any) -> None:
+    index = {r: i for i, r in enumerate(getattr(mro, "req_ids", None) or ())}
+    sampled = getattr(mro, "sampled_token_ids", None) or []
+    invalid = so.num_invalid_spec_tokens or {}  # drafts a grammar rejected: not verified
+    for rid, drafts in so.scheduled_spec_decode_tokens.items():
+        i = index.get(rid)
+        if i is not None and i < len(sampled) and sampled[i]:
+            policy.observe_verify(rid, len(drafts) - invalid.get(rid, 0), len(sampled[i]) - 1)
+    policy.finished(so.finished_req_ids)
+
+
+# ---- worker side ------------------------------------------------------------------------
+_CURRENT: dict[str, int] | None = None  # the plan of the step the runner is executing
+
+
+def runner_step(scheduler_output: Any) -> None:
+    """Called as the runner opens a step (``step_timing.py``)."""
+    global _CURRENT
+    _CURRENT = getattr(scheduler_output, ATTR, None)
+
+
+def drafting(scheduler_output: Any, batch: int) -> int:
+    """Requests that draft in this step (all of them without a plan)."""
+    plan = getattr(scheduler_output, ATTR, None)
+    return batch if plan is None else len(plan)
+
+
+def rows(req_ids: list[str]) -> list[int] | None:
+    """Indices of the rows that draft this step; None: every row."""
+    if _CURRENT is None:
+        return None
+    return [i for i, rid in enumerate(req_ids) if rid in _CURRENT]
