@@ -48,7 +48,7 @@ def joints(models):
     return {name: exact_joint(target.model, PROMPT, NEW, s) for name, s in SETTINGS.items()}
 
 
-def _jobs(names):
+def _jobs(names, seeded=True):
     return [
         {
             "name": name,
@@ -57,17 +57,18 @@ def _jobs(names):
             "temperature": SETTINGS[name].temperature,
             "top_k": SETTINGS[name].top_k or 0,
             "top_p": SETTINGS[name].top_p or 1.0,
-            "seed": 0,
+            "seed": 0 if seeded else None,
         }
         for name in names
     ]
 
 
-def _engine(models, tmp, backend, names, env=None, engine=None, spec_extra=None):
+def _engine(models, tmp, backend, names, env=None, engine=None, spec_extra=None, seeded=True):
     target_dir, drafter_dir = models
     spec = {"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": 3}
     spec |= spec_extra or {}
-    jobs, log = run_engine(tmp, target_dir, _jobs(names), spec, engine, backend=backend, env=env)
+    jobs = _jobs(names, seeded)
+    jobs, log = run_engine(tmp, target_dir, jobs, spec, engine, backend=backend, env=env)
     return jobs | {"log": log}
 
 
@@ -122,6 +123,28 @@ def test_adaptive_draft_length_sampling_is_lossless(models, joints, tmp_path_fac
     assert min(ps.values()) > ALPHA, ps
     spec = jobs[name]["spec"]
     assert spec["drafts"] < spec["draft_tokens"] < 3 * spec["drafts"], spec  # lengths varied
+
+
+def test_draft_policy_sampling_is_lossless(models, joints, tmp_path_factory):
+    """With the draft policy (adaptive/policy.py) choosing each request's length every step,
+    0 included, and plain cost-measuring steps every other step, tokens 2-5 come from
+    verify steps of every length and from plain steps, and their law is still the
+    target's. Unseeded requests: their lengths follow the batch's costs."""
+    name = "t0.8"
+    env = {
+        "VLLM_DFLASH_DRAFT_POLICY": "auto",
+        "VLLM_DFLASH_POLICY_FIRST_PROBE": "1",
+        "VLLM_DFLASH_POLICY_MAX_PROBE": "2",
+        "VLLM_DFLASH_POLICY_REFRESH_EVERY": "2",
+    }
+    tmp = tmp_path_factory.mktemp("policy")
+    jobs = _engine(models, tmp, "dflash", [name], env, seeded=False)
+    assert "draft policy 'auto'" in jobs["log"]
+    ps = p_values(_tokens(jobs[name]), joints[name])
+    assert min(ps.values()) > ALPHA, ps
+    spec = jobs[name]["spec"]
+    request_steps = N * (NEW - 1) - spec["accepted"]  # decode steps, request by request
+    assert 0 < spec["drafts"] < 0.9 * request_steps, spec  # some steps drafted, some not
 
 
 def test_builtin_dflash_on_cpu_fails_the_same_check(models, joints, tmp_path_factory):

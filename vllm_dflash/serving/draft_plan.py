@@ -14,8 +14,8 @@ Drafts made in step N are verified in step N+1. So, in the engine core's schedul
 In the worker, our proposer asks ``rows`` which of its batch rows draft this step.
 
 Where the policy is not served (``VLLM_DFLASH_DRAFT_POLICY=fixed``, ``VLLM_DFLASH_ADAPTIVE=1``,
-async scheduling, model runner V2), no plan is attached and every request drafts the step's
-length, as vLLM itself does.
+async scheduling, model runner V2, a GPU), no plan is attached and every request drafts the
+step's length, as vLLM itself does.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ logger = logging.getLogger("vllm.plugins.vllm_dflash")
 
 def policy_for(scheduler: Any) -> DraftPolicy | None:
     """The policy for this scheduler, or None where it is not served (logged once)."""
-    from vllm_dflash.serving.seams.environment import runner_of
+    from vllm_dflash.serving.seams.environment import installed, runner_of
 
     settings = PolicySettings.from_env()
     if settings.draft_policy == "fixed":
@@ -45,6 +45,8 @@ def policy_for(scheduler: Any) -> DraftPolicy | None:
         why = "async scheduling (not yet verified with per-request lengths)"
     elif runner_of(scheduler.vllm_config) != "v1":
         why = "model runner V2 (the policy is engine-tested on runner V1 only)"
+    elif installed().platform != "cpu":
+        why = "runner V1 on a GPU (the policy has not run on one yet)"
     if why is not None:
         logger.info("vllm-dflash: fixed draft length, not the draft policy: %s", why)
         return None

@@ -155,6 +155,8 @@ class DFlashProposer(_SpecDecodeBaseProposer):
             target_positions[:n_ctx],
             cad.slot_mapping[:n_ctx],
         )
+        if n_ctx == b:  # one token per request: nothing was verified, nothing rejected
+            num_rejected = None
         if num_rejected is not None:
             verified = self._verified(cad, num_rejected, n_ctx)  # [n_ctx] bool
             if self._select_rows:  # cheaper to drop the rows before the projection
@@ -168,6 +170,12 @@ class DFlashProposer(_SpecDecodeBaseProposer):
 
         # 2. Which requests draft (the draft policy, ``draft_plan.py``; all without it),
         # and their blocks: anchor = last verified token, then K masks.
+        batch_ids = None if self._runner is None else self._runner.input_batch.req_ids[:b]
+        rows = None if batch_ids is None else draft_plan.rows(batch_ids)
+        if rows is not None and len(rows) == b:
+            rows = None
+        if rows == []:  # nobody drafts: the context K/V write was all this step needed
+            return next_token_ids.new_zeros(b, k)
         last = cad.query_start_loc[1 : b + 1].long() - 1
         seq_lens = cad.seq_lens[:b]
         if num_rejected is not None:
@@ -176,13 +184,7 @@ class DFlashProposer(_SpecDecodeBaseProposer):
         anchors = target_positions[last]  # [B]
         next_ids, block_table = next_token_ids[:b], cad.block_table_tensor[:b]
         upper = cad.seq_lens_cpu_upper_bound
-        batch_ids = None if self._runner is None else self._runner.input_batch.req_ids[:b]
-        rows = None if batch_ids is None else draft_plan.rows(batch_ids)
-        if rows is not None and len(rows) == b:
-            rows = None
         if rows is not None:
-            if not rows:  # nobody drafts: the context K/V write was all this step needed
-                return next_token_ids.new_zeros(b, k)
             sel = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
             anchors, seq_lens = anchors[sel], seq_lens[sel]
             next_ids, block_table = next_ids[sel], block_table[sel]
