@@ -31,6 +31,7 @@ from typing import Any
 
 from vllm_dflash.adaptive.controller import AdaptiveSettings, GammaController
 from vllm_dflash.errors import DFlashConfigError
+from vllm_dflash.serving.draft_plan import verified
 
 SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
 _ALL_BATCHES = 1 << 20  # vLLM clips a range to max_num_seqs, and a K to the configured K
@@ -84,13 +85,8 @@ def controller_for(scheduler: Any) -> GammaController | None:
 
 
 def observe(controller: GammaController, so: Any, mro: Any, timings: list[Any]) -> None:
-    index = {r: i for i, r in enumerate(getattr(mro, "req_ids", None) or ())}
-    sampled = getattr(mro, "sampled_token_ids", None) or []
-    invalid = so.num_invalid_spec_tokens or {}  # drafts a grammar rejected: not verified
-    for req_id, drafts in so.scheduled_spec_decode_tokens.items():
-        i = index.get(req_id)
-        if i is not None and i < len(sampled) and sampled[i]:
-            controller.observe_verify(len(drafts) - invalid.get(req_id, 0), len(sampled[i]) - 1)
+    for _, drafted, accepted in verified(so, mro):
+        controller.observe_verify(drafted, accepted)
     for t in timings:
         if t.decode_only:
             controller.observe_step(t.batch, t.draft_gamma, t.drafter_s, t.verify_gamma, t.verify_s)

@@ -21,6 +21,7 @@ step's length, as vLLM itself does.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from vllm_dflash.adaptive.controller import AdaptiveSettings
@@ -84,14 +85,21 @@ def plan_step(policy: DraftPolicy, scheduler: Any, out: Any) -> dict[str, int]:
     return lengths
 
 
-def observe(policy: DraftPolicy, so: Any, mro: Any) -> None:
+def verified(so: Any, mro: Any) -> Iterator[tuple[str, int, int]]:
+    """(request id, drafts verified, drafts accepted) for each request that verified drafts
+    in the step of scheduler output ``so`` and model-runner output ``mro``."""
     index = {r: i for i, r in enumerate(getattr(mro, "req_ids", None) or ())}
     sampled = getattr(mro, "sampled_token_ids", None) or []
     invalid = so.num_invalid_spec_tokens or {}  # drafts a grammar rejected: not verified
     for rid, drafts in so.scheduled_spec_decode_tokens.items():
         i = index.get(rid)
         if i is not None and i < len(sampled) and sampled[i]:
-            policy.observe_verify(rid, len(drafts) - invalid.get(rid, 0), len(sampled[i]) - 1)
+            yield rid, len(drafts) - invalid.get(rid, 0), len(sampled[i]) - 1
+
+
+def observe(policy: DraftPolicy, so: Any, mro: Any) -> None:
+    for rid, drafted, accepted in verified(so, mro):
+        policy.observe_verify(rid, drafted, accepted)
     policy.finished(so.finished_req_ids)
 
 
