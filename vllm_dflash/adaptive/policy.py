@@ -32,7 +32,7 @@ while their own expected accepted drafts per step stay at or above
 ``policy_seeded_min_accepted``, and probe on the same schedule): the number of drafts a
 seeded request verifies, and so the random numbers its rejection sampling draws, never
 depends on what else is in the batch, and the same request repeats its tokens in any
-batch.
+batch (the metrics' baseline steps wait while a seeded request runs).
 
 The drafter always drafts its full block for a drafting request (a DFlash block's
 positions attend to each other, so a shorter block would be a different distribution);

@@ -6,9 +6,9 @@
   our controller (``adaptive_gamma.py``) instead of vLLM's batch-size lookup.
 * ``schedule``: drafts are cut to the policy's lengths before scheduling, and the next
   lengths planned after it. Now and then a *baseline step*: every request's drafts are
-  dropped before scheduling (a seeded request's stay, see ``adaptive/policy.py``), so the
-  step runs as plain decoding and its time is a sample of the no-speculation step time
-  (``observability/baseline.py``).
+  dropped before scheduling (none while a seeded request runs, see
+  ``adaptive/policy.py``), so the step runs as plain decoding and its time is a sample of
+  the no-speculation step time (``observability/baseline.py``).
 * ``update_from_output``: the runner's ``StepTiming`` records (``step_timing.py``) go to
   the controller and, as the per-step payload, into the ``SchedulerStats`` vLLM sends to the
   API server, in one added dataclass field (seam ``scheduler_stats``), where our stat logger
@@ -110,11 +110,16 @@ def _schedule(schedule):
         if st.policy is not None:
             st.step += 1
             batch = sum(1 for r in self.running if not r.is_prefill_chunk)
-            due = not self.waiting and st.policy.due(st.step, batch)
+            # A seeded request's drafts are never dropped (adaptive/policy.py): its
+            # tokens must not depend on when baselines fall, so baselines wait for it.
+            due = (
+                not self.waiting
+                and not any(draft_plan.seeded(r) for r in self.running)
+                and st.policy.due(st.step, batch)
+            )
         if due:
             for r in self.running:
-                if not draft_plan.seeded(r):
-                    r.spec_token_ids = []  # verifies nothing this step: plain decoding
+                r.spec_token_ids = []  # verifies nothing this step: plain decoding
         out = schedule(self, *args, **kwargs)
         if st.drafts is not None:
             st.lengths = draft_plan.plan_step(st.drafts, self, out)
