@@ -76,6 +76,38 @@ def test_never_accepted_drafts_cost_little_against_plain_decoding():
     assert _fixed_rate(accept, 600) < 0.7 * _plain_rate(accept)  # what fixed K costs here
 
 
+def test_probes_verify_one_draft_and_share_their_steps():
+    """A probe verifies a single draft, and requests that arrived at different steps probe
+    in the same steps, so that they share one drafter forward."""
+    policy = DraftPolicy(K)
+    _simulate(policy, {"warm": 0.0}, 100)  # costs and the engine-wide estimate: no drafts land
+    batch: list[str] = []
+    probes: dict[str, list[int]] = {}
+    for step in range(300):
+        if step % 7 == 0 and len(batch) < 6:  # arrivals spread over the steps
+            batch.append(f"r{step}")
+        for r, n in policy.plan([(r, False) for r in batch]).lengths.items():
+            if n:
+                probes.setdefault(r, []).append(step)
+                assert n == 1, (r, step, n)
+                policy.observe_verify(r, n, 0)
+        policy.observe_step(len(batch), 0, 0.0005, 0, 0.01 + 0.001 * len(batch))
+    assert set(probes) == set(batch)  # every request probed
+    steps = {i for v in probes.values() for i in v}
+    assert len(steps) <= sum(map(len, probes.values())) / 2  # probes coincide
+
+
+def test_new_requests_wait_as_long_as_the_engine_learned_to():
+    """Where probes keep missing, a new request's first probe waits the engine's longer
+    wait; once one lands, new requests probe early again."""
+    policy = DraftPolicy(K)
+    _simulate(policy, {f"w{i}": 0.0 for i in range(4)}, 300)
+    assert policy.probe_wait == policy.s.policy_max_probe
+    assert policy._state("new", False).wait == policy.s.policy_max_probe
+    _simulate(policy, {f"w{i}": 1.0 for i in range(4)}, 200, seed=1)
+    assert policy._state("newer", False).wait == policy.s.policy_first_probe
+
+
 def test_always_accepted_drafts_keep_the_full_length():
     accept = {f"r{i}": 1.0 for i in range(4)}
     lengths, rate = _simulate(DraftPolicy(K), accept, 400)

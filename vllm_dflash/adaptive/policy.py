@@ -24,8 +24,15 @@ second the step is expected to commit,
 
 S is found greedily: requests in order of tau_r(g) - 1, each added while its extra tokens
 per extra second beat the step's rate so far. A request outside S is *probed*: after
-``policy_first_probe`` steps without drafting it drafts one full block, and the wait
-doubles after each probe that did not put it back into S, up to ``policy_max_probe``.
+``policy_first_probe`` steps without drafting it verifies one draft, and the wait doubles
+after each probe that did not put it back into S, up to ``policy_max_probe``. One draft is
+the cheapest test that can say yes (a miss at the first position hides the others
+anyway), and a request probes only on engine steps that are a multiple of its wait, so
+that the requests due share one drafter forward instead of paying one each. A probe that
+lands clears the request's own history: the misses that stopped it are no longer what it
+gets. A new request's first wait is the engine's: it doubles with every probe that
+misses and falls back to ``policy_first_probe`` when one lands, so where no drafts land
+at all, new requests do not each pay for the same lesson.
 
 Requests that sample with a ``seed`` follow a rule of their own history only (they draft
 while their own expected accepted drafts per step stay at or above
@@ -86,6 +93,7 @@ class PolicySettings(EnvSettings):
 
 # Pseudo-verifies of the engine-wide acceptance that a request's own counts start from.
 PRIOR_WEIGHT = 2.0
+PROBE_DRAFTS = 1  # drafts a probe verifies
 PLAIN_SAMPLES = 2  # plain-step measurements a bucket needs before it trusts its costs
 
 
@@ -98,6 +106,7 @@ class RequestState:
     hits: list[float]
     idle: int = 0  # consecutive steps without drafting
     wait: int = 0  # idle steps before the next probe
+    probing: bool = False  # its pending drafts are a probe's
 
     def observe(self, drafted: int, accepted: int, keep: float) -> None:
         for k in range(min(drafted, accepted + 1, len(self.trials))):
@@ -158,6 +167,7 @@ class DraftPolicy:
         self.costs: dict[int, BucketCosts] = {}
         self.step = 0
         self.plain_attempts: dict[int, int] = {}
+        self.probe_wait = self.s.policy_first_probe  # a new request's first wait
 
     # ---- decisions ----------------------------------------------------------------------
     def plan(self, batch: list[tuple[str, bool]]) -> Decision:
@@ -177,19 +187,29 @@ class DraftPolicy:
         for rid in free:
             lengths[rid] = gamma if rid in chosen else 0
         for rid, st in states.items():
-            if not st.seeded and not plain_probe and lengths[rid] == 0 and st.idle >= st.wait:
-                lengths[rid] = self.k  # a probe: does drafting pay again?
+            if (
+                not st.seeded
+                and not plain_probe
+                and lengths[rid] == 0
+                and st.idle >= st.wait
+                and self.step % st.wait == 0  # due probes fall on the same steps
+            ):
+                lengths[rid] = PROBE_DRAFTS  # a probe: does drafting pay again?
                 st.wait = min(2 * st.wait, self.s.policy_max_probe)
+                st.probing = True
             elif not st.seeded and rid in chosen:
                 st.wait = self.s.policy_first_probe
+                st.probing = False
             st.idle = 0 if lengths[rid] else st.idle + 1
         return Decision(lengths, gamma, plain_probe)
 
     def _state(self, rid: str, seeded: bool) -> RequestState:
         st = self.requests.get(rid)
         if st is None:
+            # A seeded request's schedule is its own; the others start at the engine's.
+            wait = self.s.policy_first_probe if seeded else self.probe_wait
             st = self.requests[rid] = RequestState(
-                seeded, [0.0] * self.k, [0.0] * self.k, wait=self.s.policy_first_probe
+                seeded, [0.0] * self.k, [0.0] * self.k, wait=wait
             )
         return st
 
@@ -215,7 +235,8 @@ class DraftPolicy:
                 self.plain_attempts[bucket(b)] = tries + 1
                 return True
             return False
-        return self.step % self.s.policy_refresh_every == 0
+        # Off the multiples of the probe waits, so a plain step never takes a probe's turn.
+        return self.step % self.s.policy_refresh_every == 1
 
     def _choose(
         self,
@@ -267,8 +288,17 @@ class DraftPolicy:
             return
         self.engine.observe(drafted, accepted)
         st = self.requests.get(rid)
-        if st is not None:
-            st.observe(drafted, accepted, self.keep)
+        if st is None:
+            return
+        if st.probing and accepted:
+            # A probe landed: the misses that stopped the request are no longer what it
+            # gets, so it starts afresh from the engine-wide estimate and probes soon again.
+            st.trials, st.hits = [0.0] * self.k, [0.0] * self.k
+            st.wait = self.probe_wait = self.s.policy_first_probe
+        elif st.probing:
+            self.probe_wait = min(2 * self.probe_wait, self.s.policy_max_probe)
+        st.probing = False
+        st.observe(drafted, accepted, self.keep)
 
     def observe_step(
         self, batch: int, drafting: int, drafter_s: float, verified: int, verify_s: float

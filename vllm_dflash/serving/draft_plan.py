@@ -105,18 +105,36 @@ def observe(policy: DraftPolicy, so: Any, mro: Any) -> None:
 
 # ---- worker side ------------------------------------------------------------------------
 _CURRENT: dict[str, int] | None = None  # the plan of the step the runner is executing
+# Requests finished or preempted since the proposer last asked; None: nobody asks.
+_GONE: set[str] | None = None
 
 
 def runner_step(scheduler_output: Any) -> None:
     """Called as the runner opens a step (``step_timing.py``)."""
     global _CURRENT
     _CURRENT = getattr(scheduler_output, ATTR, None)
+    if _GONE is not None:
+        _GONE.update(scheduler_output.finished_req_ids)
+        _GONE.update(scheduler_output.preempted_req_ids or ())
+
+
+def gone() -> set[str]:
+    """Requests whose blocks were freed since the last call: finished or preempted. The
+    first call starts the record (a proposer that never asks keeps nothing)."""
+    global _GONE
+    out, _GONE = _GONE or set(), set()
+    return out
 
 
 def drafting(scheduler_output: Any, batch: int) -> int:
     """Requests that draft in this step (all of them without a plan)."""
     plan = getattr(scheduler_output, ATTR, None)
     return batch if plan is None else len(plan)
+
+
+def nobody_drafts() -> bool:
+    """Whether the policy has no request draft in the step the runner is executing."""
+    return _CURRENT is not None and not _CURRENT
 
 
 def rows(req_ids: list[str]) -> list[int] | None:

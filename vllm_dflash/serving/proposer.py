@@ -38,6 +38,7 @@ from vllm.config import VllmConfig
 from vllm.v1.sample.metadata import SamplingMetadata
 
 from vllm_dflash.serving import draft_plan, draft_sampling, start_checks, step_timing
+from vllm_dflash.serving.deferred_context import DeferredContext
 from vllm_dflash.serving.drafter_config import feature_layers
 from vllm_dflash.serving.seams import resolve
 
@@ -73,8 +74,12 @@ class DFlashProposer(_SpecDecodeBaseProposer):
         # step copies them across (an unpinned copy would synchronise).
         self._request_index = torch.arange(self.max_batch_size + 1, dtype=torch.int32)
         self._request_index_dev = self._request_index.to(device)
-        # Rows are selected (a host sync) only where the device is the host.
+        # Rows are selected (a host sync) only where the device is the host; there, rows
+        # of requests that do not draft wait to be written (``deferred_context.py``).
         self._select_rows = torch.device(device).type == "cpu"
+        self._deferred = (
+            DeferredContext(vllm_config.cache_config.block_size) if self._select_rows else None
+        )
 
     # ---- configuration hooks of the base class ----------------------------------------
     @override
@@ -148,34 +153,18 @@ class DFlashProposer(_SpecDecodeBaseProposer):
         start_checks.check_features(
             self.draft, tuple(target_hidden_states.shape), cad.num_actual_tokens
         )
-        # 1. Context K/V for the positions the target just verified, never for rejected
-        # drafts (vLLM's built-in projects them all and lets them be overwritten).
-        features, positions, slots = (
-            target_hidden_states,
-            target_positions[:n_ctx],
-            cad.slot_mapping[:n_ctx],
-        )
         if n_ctx == b:  # one token per request: nothing was verified, nothing rejected
             num_rejected = None
-        if num_rejected is not None:
-            verified = self._verified(cad, num_rejected, n_ctx)  # [n_ctx] bool
-            if self._select_rows:  # cheaper to drop the rows before the projection
-                kept = verified.nonzero().squeeze(1)
-                features, positions, slots = features[kept], positions[kept], slots[kept]
-            else:
-                slots = torch.where(verified, slots, -1)
-        self.model.precompute_and_store_context_kv(
-            self.model.combine_hidden_states(features), positions, slots
+        # 1. Who drafts (the draft policy), and the context K/V of what the target computed.
+        batch_ids, rows = self._drafting_rows(b)
+        self._write_context(
+            target_hidden_states, target_positions[:n_ctx], cad, num_rejected, batch_ids, rows
         )
-
-        # 2. Which requests draft (the draft policy, ``draft_plan.py``; all without it),
-        # and their blocks: anchor = last verified token, then K masks.
-        batch_ids = None if self._runner is None else self._runner.input_batch.req_ids[:b]
-        rows = None if batch_ids is None else draft_plan.rows(batch_ids)
-        if rows is not None and len(rows) == b:
-            rows = None
         if rows == []:  # nobody drafts: the context K/V write was all this step needed
             return next_token_ids.new_zeros(b, k)
+
+        # 2. The blocks of the requests that draft: anchor = last verified token, then K
+        # masks.
         last = cad.query_start_loc[1 : b + 1].long() - 1
         seq_lens = cad.seq_lens[:b]
         if num_rejected is not None:
@@ -209,6 +198,64 @@ class DFlashProposer(_SpecDecodeBaseProposer):
             self._last_draft_probs = probs.new_zeros(b, *probs.shape[1:])
             self._last_draft_probs[sel] = probs
         return full
+
+    def context_only(
+        self,
+        features: torch.Tensor,  # [num_tokens, layers * hidden_size]
+        positions: torch.Tensor,  # [num_tokens]
+        cad: CommonAttentionMetadata,
+    ) -> torch.Tensor:
+        """A step in which nothing was verified and nobody drafts (``sparing_idle_steps``):
+        the context K/V write alone -> no drafts [batch, K]."""
+        with step_timing.drafting():
+            b = cad.num_reqs
+            start_checks.check_features(self.draft, tuple(features.shape), cad.num_actual_tokens)
+            batch_ids, _ = self._drafting_rows(b)
+            self._write_context(features, positions, cad, None, batch_ids, [])
+            return torch.zeros(b, self.num_speculative_tokens, dtype=torch.int32)
+
+    def _drafting_rows(self, b: int) -> tuple[list[str] | None, list[int] | None]:
+        """The batch's request ids, and the rows that draft this step (the draft policy,
+        ``draft_plan.py``); None: every row."""
+        batch_ids = None if self._runner is None else self._runner.input_batch.req_ids[:b]
+        rows = None if batch_ids is None else draft_plan.rows(batch_ids)
+        return batch_ids, None if rows is not None and len(rows) == b else rows
+
+    def _write_context(
+        self,
+        features: torch.Tensor,  # [n_ctx, layers * hidden_size]
+        positions: torch.Tensor,  # [n_ctx]
+        cad: CommonAttentionMetadata,
+        num_rejected: torch.Tensor | None,  # [batch]; None: no row was a rejected draft
+        batch_ids: list[str] | None,
+        rows: list[int] | None,  # the rows that draft; None: all
+    ) -> None:
+        """Context K/V for the positions the target just verified, never for rejected
+        drafts (vLLM's built-in projects them all and lets them be overwritten); on CPU
+        the rows of requests that do not draft may wait (``deferred_context.py``)."""
+        n_ctx = features.shape[0]
+        slots = cad.slot_mapping[:n_ctx]
+        if num_rejected is not None:
+            verified = self._verified(cad, num_rejected, n_ctx)  # [n_ctx] bool
+            if self._select_rows:  # cheaper to drop the rows before the projection
+                kept = verified.nonzero().squeeze(1)
+                features, positions, slots = features[kept], positions[kept], slots[kept]
+            else:
+                slots = torch.where(verified, slots, -1)
+        if self._deferred is not None and batch_ids is not None:
+            features, positions, slots = self._deferred.rows_to_write(
+                batch_ids,
+                self._row_counts(cad, num_rejected, n_ctx),
+                None if rows is None else set(rows),
+                draft_plan.gone(),
+                features,
+                positions,
+                slots,
+            )
+        if features.shape[0]:
+            self.model.precompute_and_store_context_kv(
+                self.model.combine_hidden_states(features), positions, slots
+            )
 
     def _draft_blocks(
         self,
@@ -271,6 +318,19 @@ class DFlashProposer(_SpecDecodeBaseProposer):
             logits.view(b, k, -1), sampling_metadata, list(range(b)) if rows is None else rows
         )
         return tokens, probs
+
+    def _row_counts(
+        self, cad: CommonAttentionMetadata, num_rejected: torch.Tensor | None, n: int
+    ) -> list[int]:
+        """Context rows of each request after the rejected drafts are dropped (host)."""
+        b = cad.num_reqs
+        if n == b:
+            return [1] * b
+        starts = cad.query_start_loc_cpu[: b + 1]
+        counts = starts.diff()
+        if num_rejected is not None:
+            counts = counts - num_rejected[:b].cpu()
+        return counts.tolist()
 
     def _verified(
         self, cad: CommonAttentionMetadata, num_rejected: torch.Tensor, n: int

@@ -210,10 +210,27 @@ _SEAMS = (
         "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner",
         WITH_V1,
-        "wrap: step boundaries for the drafter / verify timings",
+        "wrap: step boundaries for the drafter / verify timings; steps without drafts "
+        "(idle_steps.py)",
         members=(
             ("execute_model", ("scheduler_output", "intermediate_tensors")),
             ("sample_tokens", ("grammar_output",)),
+            ("_sample", ("logits", "spec_decode_metadata")),
+            (
+                "propose_draft_token_ids",
+                (
+                    "scheduler_output",
+                    "sampled_token_ids",
+                    "sampling_metadata",
+                    "hidden_states",
+                    "sample_hidden_states",
+                    "aux_hidden_states",
+                    "spec_decode_metadata",
+                    "common_attn_metadata",
+                    "slot_mappings",
+                ),
+            ),
+            ("_get_positions", ("num_tokens",)),
         ),
     ),
     Seam(
@@ -365,7 +382,24 @@ _SEAMS = (
             "num_spec_tokens_to_schedule",
             "num_invalid_spec_tokens",
             "finished_req_ids",
+            "preempted_req_ids",
         ),
+    ),
+    Seam(
+        "v1.spec_decode_metadata",
+        "vllm.v1.spec_decode.metadata",
+        "SpecDecodeMetadata",
+        WITH_V1,
+        "read: whether any request verifies drafts in a step (idle_steps.plain_sampling)",
+        fields=("num_draft_tokens",),
+    ),
+    Seam(
+        "sampling_metadata",
+        "vllm.v1.sample.metadata",
+        "SamplingMetadata",
+        WITH_V1,
+        "read: whether a request wants logprobs (idle_steps.plain_sampling)",
+        fields=("max_num_logprobs",),
     ),
     Seam(
         "model_runner_output",

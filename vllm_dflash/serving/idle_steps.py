@@ -1,0 +1,83 @@
+"""Runner V1 steps in which speculation does nothing: no request verifies drafts, or none
+drafts. With the draft policy (``draft_plan.py``) those are most steps where drafts do not
+pay, and vLLM still runs its speculative machinery in them. Two wraps of the model runner
+(seam ``v1.runner``) give those steps the cost of plain decoding where it is ours to give:
+
+* ``plain_sampling``: vLLM builds spec-decode metadata for every step once a speculative
+  config exists, and so runs its rejection sampler even when no request has a draft. With
+  no drafts, that sampler samples the bonus tokens with the plain sampler, on the same
+  logits and the same random streams (it draws nothing for a request without drafts), and
+  builds the rest around them; the plain sampler alone gives the same tokens. Requests
+  that want logprobs keep vLLM's path (their logprobs are computed differently there), as
+  does async scheduling.
+* ``sparing_drafting``: where nothing was verified and nobody drafts, vLLM's preparation of
+  the drafter's inputs (next tokens, rejected-row bookkeeping, attention metadata) serves
+  nothing; the proposer gets the captured features directly for its context K/V write.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_dflash.serving import draft_plan
+
+
+def plain_sampling(sample):
+    def sample_plain_without_drafts(self, logits, spec_decode_metadata):
+        sampling_metadata = self.input_batch.sampling_metadata
+        if (
+            spec_decode_metadata is not None
+            and not any(spec_decode_metadata.num_draft_tokens)
+            and sampling_metadata.max_num_logprobs is None
+            and not self.use_async_scheduling
+        ):
+            return self.sampler(logits=logits, sampling_metadata=sampling_metadata)
+        return sample(self, logits, spec_decode_metadata)
+
+    return sample_plain_without_drafts
+
+
+def sparing_drafting(propose_draft_token_ids):
+    from vllm_dflash.serving.proposer import DFlashProposer
+
+    def propose_draft_token_ids_sparing(
+        self,
+        scheduler_output,
+        sampled_token_ids,
+        sampling_metadata,
+        hidden_states,
+        sample_hidden_states,
+        aux_hidden_states,
+        spec_decode_metadata,
+        common_attn_metadata,
+        slot_mappings,
+    ):
+        drafter = self.drafter
+        if (
+            aux_hidden_states is not None
+            and not any(scheduler_output.scheduled_spec_decode_tokens.values())
+            and draft_plan.nobody_drafts()
+            and isinstance(drafter, DFlashProposer)
+        ):
+            n = scheduler_output.total_num_scheduled_tokens
+            self._draft_probs = None
+            self._draft_prob_req_ids = None
+            return drafter.context_only(
+                torch.cat([h[:n] for h in aux_hidden_states], dim=-1),
+                self._get_positions(n),
+                common_attn_metadata,
+            )
+        return propose_draft_token_ids(
+            self,
+            scheduler_output,
+            sampled_token_ids,
+            sampling_metadata,
+            hidden_states,
+            sample_hidden_states,
+            aux_hidden_states,
+            spec_decode_metadata,
+            common_attn_metadata,
+            slot_mappings,
+        )
+
+    return propose_draft_token_ids_sparing
