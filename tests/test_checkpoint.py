@@ -132,6 +132,20 @@ def test_sharded_checkpoint(ckpt):
     assert all(torch.equal(loaded.state_dict[k], tensors[k]) for k in keys)
 
 
+@pytest.mark.parametrize("bad", ["../outside.safetensors", "/etc/passwd", "sub/../../x", ""])
+def test_shard_names_that_leave_the_checkpoint_are_refused(ckpt, tmp_path, bad):
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    keys = sorted(tensors)
+    save_file({k: tensors[k] for k in keys[1:]}, str(ckpt / "a.safetensors"))
+    # a real file outside the checkpoint that a crafted index points at
+    save_file({keys[0]: tensors[keys[0]]}, str(tmp_path / "outside.safetensors"))
+    (ckpt / "model.safetensors").unlink()
+    index = {"weight_map": {k: "a.safetensors" for k in keys[1:]} | {keys[0]: bad}}
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(DFlashCheckpointError, match=rf"weight_map\['{keys[0]}'\].*Fix"):
+        load_drafter_checkpoint(ckpt)
+
+
 def test_not_a_directory(tmp_path):
     with pytest.raises(DFlashCheckpointError, match="not a directory"):
         load_drafter_checkpoint(tmp_path / "nope")

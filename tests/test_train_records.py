@@ -58,6 +58,42 @@ def test_samples_need_token_ids_and_a_response(tmp_path):
     assert len(read_samples(f)) == 1
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("response_token_ids", [3, True], r'"response_token_ids"\[1\] = true: not a token id'),
+        ("prompt_token_ids", [-1, 2], r'"prompt_token_ids"\[0\] = -1: .*not negative'),
+        ("response_token_ids", [3, 2.0], r'"response_token_ids"\[1\] = 2.0: not a token id'),
+        ("response_token_ids", [3, 100], r".*\[1\] = 100: outside the target's vocabulary of 64"),
+    ],
+)
+def test_sample_token_ids_are_checked_with_their_line(tmp_path, field, value, message):
+    f = tmp_path / "s.jsonl"
+    good = {"prompt_token_ids": [1, 2], "response_token_ids": [3]}
+    lines = [good | {"id": "a"}, good | {"id": "b", field: value}]
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with pytest.raises(DFlashDataError, match="line 2: " + message):
+        read_samples(f, strict=True, vocab_size=64)
+    assert [r.id for r in read_samples(f, vocab_size=64)] == ["a"]  # skipped without strict
+
+
+def test_prompt_token_ids_are_checked_against_the_vocabulary(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt_token_ids": [5, 64]}) + "\n")
+    with pytest.raises(DFlashDataError, match=r"line 1: .*vocabulary of 64"):
+        read_prompts(f, strict=True, vocab_size=64)
+    assert len(read_prompts(f, vocab_size=65)) == 1
+
+
+def test_repeated_sample_ids_are_refused_even_without_strict(tmp_path):
+    f = tmp_path / "s.jsonl"
+    rec = {"prompt_token_ids": [1, 2], "response_token_ids": [3]}
+    ids = ["a", "b", "a", "c", "b"]
+    f.write_text("".join(json.dumps(rec | {"id": i}) + "\n" for i in ids))
+    with pytest.raises(DFlashDataError, match=r"2 repeated.*\n.*line 3: id 'a' is already line 1"):
+        read_samples(f)
+
+
 def test_missing_and_useless_files(tmp_path):
     with pytest.raises(DFlashDataError, match="not found"):
         read_prompts(tmp_path / "nope.jsonl")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from vllm_dflash.testing.distill import write_samples
 from vllm_dflash.testing.factory import make_drafter, make_target
 from vllm_dflash.train.config import TrainConfig
 from vllm_dflash.train.features import OfflineFeatures, capture, target_features
-from vllm_dflash.train.trainer import Trainer
+from vllm_dflash.train.trainer import CHECKPOINT, Trainer, load_state
 
 
 def _prompts(seed: int, n: int) -> list[list[int]]:
@@ -110,6 +111,39 @@ def test_resume_refuses_changed_settings(target_dir, data, tmp_path):
         Trainer(_cfg(target_dir, data, tmp_path / "r", steps=2, lr=1e-3, resume=True))
     with pytest.raises(DFlashConfigError, match="does not exist"):
         Trainer(_cfg(target_dir, data, tmp_path / "none", resume=True))
+
+
+class _RunsCode:
+    """Unpickling this calls a function: what a crafted checkpoint would do."""
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_resume_refuses_a_checkpoint_that_would_run_code(target_dir, data, tmp_path):
+    Trainer(_cfg(target_dir, data, tmp_path / "x", steps=2)).run()
+    path = tmp_path / "x" / CHECKPOINT
+    state = load_state(path)  # our own state loads with weights_only
+    assert {"model", "opt", "sched", "rng", "torch_rng"} <= set(state)
+    evil = _RunsCode()
+    evil.marker = tmp_path / "ran"
+    torch.save(state | {"log": evil}, path)
+    with pytest.raises(DFlashDataError, match="refused.*could run code.*Fix"):
+        Trainer(_cfg(target_dir, data, tmp_path / "x", steps=2, resume=True))
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("bad", ["../outside.npy", "/tmp/outside.npy", 7])
+def test_feature_shards_must_stay_in_their_directory(tmp_path, bad):
+    import numpy as np
+
+    (tmp_path / "feats").mkdir()
+    np.save(tmp_path / "outside.npy", np.zeros((2, 3), dtype=np.float32))
+    np.save(tmp_path / "feats" / "features-00000.npy", np.zeros((2, 3), dtype=np.float32))
+    index = {"layers": [1], "shards": ["features-00000.npy", bad], "samples": {}}
+    (tmp_path / "feats" / "index.json").write_text(json.dumps(index))
+    with pytest.raises(DFlashDataError, match=r"shards\[1\] = .*Fix"):
+        OfflineFeatures(tmp_path / "feats")
 
 
 def test_offline_features_equal_online(target, target_dir, data, tmp_path, capsys):

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from vllm_dflash.config import DrafterConfig, read_json
 from vllm_dflash.errors import DFlashCheckpointError
+from vllm_dflash.safe_paths import file_inside
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -94,8 +95,13 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
                 "Fix: re-export the checkpoint"
             )
         tensors: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            tensors |= _load_safetensors(path / shard)
+        entry = f"{path / INDEX_NAME}: weight_map"
+        files = {
+            file_inside(path, shard, f"{entry}[{key!r}]", DFlashCheckpointError)
+            for key, shard in weight_map.items()
+        }
+        for file in sorted(files):
+            tensors |= _load_safetensors(file)
         return tensors
     raise DFlashCheckpointError(
         f"{path}: no {WEIGHTS_NAME} or {INDEX_NAME}. Fix: point at a directory that holds "

@@ -100,17 +100,18 @@ def _capture(args: argparse.Namespace) -> int:
     cfg = _train_config(args)
     if cfg.features is None:
         raise DFlashConfigError("field 'features' is unset. Fix: pass --features DIR")
+    dcfg = drafter_config(cfg)
     samples = [
         (
             str(r.data.get("id", r.id)),
             (r.data["prompt_token_ids"] + r.data["response_token_ids"])[: cfg.max_seq_len],
         )
-        for r in read_samples(cfg.data, strict=cfg.strict)
+        for r in read_samples(cfg.data, strict=cfg.strict, vocab_size=dcfg.vocab_size)
     ]
     capture(
         cfg.target,
         samples,
-        drafter_config(cfg).target_layer_ids,
+        dcfg.target_layer_ids,
         cfg.features,
         dtype=args.feature_dtype,
     )

@@ -27,6 +27,9 @@ logger = logging.getLogger("vllm.plugins.vllm_dflash")
 
 
 def register() -> None:
+    from vllm_dflash.serving import vllm_envs
+
+    vllm_envs.register(known_variables())  # before vLLM validates the environment
     backend = Backend.parse(os.environ.get(BACKEND_ENV))  # a typo stops the start
     from vllm_dflash.serving.seams.environment import installed
 
@@ -49,18 +52,28 @@ def register() -> None:
         activate.apply(activate.decide(config))
 
 
-def _check_settings() -> None:
+def settings_classes() -> tuple[type, ...]:
     from vllm_dflash.adaptive.controller import AdaptiveSettings
     from vllm_dflash.adaptive.policy import PolicySettings
     from vllm_dflash.observability.baseline import MetricsSettings
     from vllm_dflash.ops import CustomOpSettings
     from vllm_dflash.serving.bench_drafts import BenchDraftSettings
 
-    for settings in (
-        MetricsSettings,
-        AdaptiveSettings,
-        PolicySettings,
-        CustomOpSettings,
-        BenchDraftSettings,
-    ):
+    return (MetricsSettings, AdaptiveSettings, PolicySettings, CustomOpSettings, BenchDraftSettings)
+
+
+# Ours, outside the settings classes: the bench's result channel, and the build switch.
+OTHER_VARIABLES = ("VLLM_DFLASH_BENCH_FD", "VLLM_DFLASH_BUILD_OPS")
+
+
+def known_variables() -> list[str]:
+    """Every ``VLLM_DFLASH_*`` environment variable the package reads."""
+    from vllm_dflash.env_settings import ENV_PREFIX
+
+    fields = {ENV_PREFIX + f.upper() for s in settings_classes() for f in s.model_fields}
+    return sorted(fields | {BACKEND_ENV, *OTHER_VARIABLES})
+
+
+def _check_settings() -> None:
+    for settings in settings_classes():
         settings.from_env()

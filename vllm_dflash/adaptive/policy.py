@@ -43,11 +43,9 @@ batch (the metrics' baseline steps wait while a seeded request runs).
 
 The drafter always drafts its full block for a drafting request (a DFlash block's
 positions attend to each other, so a shorter block would be a different distribution);
-the step length only limits how many of those drafts are verified. The drafter's context
-K/V is written for every request every step, drafting or not (``serving/proposer.py``):
-that is the fused-feature projection of the tokens the target just computed, a small
-share of the drafter's cost, and it leaves nothing to catch up when a request drafts
-again.
+the step length only limits how many of those drafts are verified. The context K/V of a
+request that does not draft waits, at most until its cache block fills, and is written in
+one projection when it drafts again (``serving/deferred_context.py``).
 
 Pure Python: it runs, and is tested, without vLLM (``serving/draft_plan.py`` wires it into
 vLLM's scheduler).

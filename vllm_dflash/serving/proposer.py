@@ -205,14 +205,17 @@ class DFlashProposer(_SpecDecodeBaseProposer):
         positions: torch.Tensor,  # [num_tokens]
         cad: CommonAttentionMetadata,
     ) -> torch.Tensor:
-        """A step in which nothing was verified and nobody drafts (``sparing_idle_steps``):
-        the context K/V write alone -> no drafts [batch, K]."""
+        """A step in which nothing was verified and nobody drafts
+        (``idle_steps.sparing_drafting``): the context K/V write alone -> no drafts
+        [batch, K]."""
         with step_timing.drafting():
             b = cad.num_reqs
             start_checks.check_features(self.draft, tuple(features.shape), cad.num_actual_tokens)
             batch_ids, _ = self._drafting_rows(b)
             self._write_context(features, positions, cad, None, batch_ids, [])
-            return torch.zeros(b, self.num_speculative_tokens, dtype=torch.int32)
+            return torch.zeros(
+                b, self.num_speculative_tokens, dtype=torch.int32, device=self.device
+            )
 
     def _drafting_rows(self, b: int) -> tuple[list[str] | None, list[int] | None]:
         """The batch's request ids, and the rows that draft this step (the draft policy,

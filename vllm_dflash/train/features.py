@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from vllm_dflash.errors import DFlashDataError
+from vllm_dflash.safe_paths import file_inside
 
 INDEX = "index.json"
 
@@ -49,7 +50,14 @@ class OfflineFeatures:
             )
         self.index = json.loads(index_file.read_text())
         self.layers: list[int] = self.index["layers"]
-        self._shards = [np.load(self.root / name, mmap_mode="r") for name in self.index["shards"]]
+        self._shards = [
+            np.load(
+                file_inside(self.root, name, f"{index_file}: shards[{i}]", DFlashDataError),
+                mmap_mode="r",
+                allow_pickle=False,  # features are plain arrays; a pickled object runs code
+            )
+            for i, name in enumerate(self.index["shards"])
+        ]
 
     def check(self, layers: Sequence[int], sample_ids: Sequence[str]) -> None:
         if list(layers) != self.layers:

@@ -10,6 +10,7 @@ are skipped). Every output line records the sampling settings that produced it.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,30 @@ def _done_ids(out: Path, sampling: dict[str, Any]) -> set[str]:
         done.add(str(rec["id"]))
         kept.append(line)
     if len(kept) != len(lines) or (lines and not lines[-1].endswith("\n")):
-        out.write_text("".join(kept), encoding="utf-8")
+        _replace(out, "".join(kept))
     return done
+
+
+def _replace(out: Path, text: str) -> None:
+    """Give ``out`` the content ``text`` so that a kill at any moment leaves either the old
+    file or the new one, whole: write a sibling, flush it to disk, then rename it over."""
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out)
+
+
+def _vocab_size(target: str | Path) -> int | None:
+    """The target's vocabulary size where its config is a local file (a hub name is
+    resolved by vLLM later)."""
+    from vllm_dflash.config import TargetConfig, read_json
+
+    path = Path(target) / "config.json"
+    if not path.is_file():
+        return None
+    return TargetConfig.from_dict(read_json(path), source=str(path)).vocab_size
 
 
 def _engine_kwargs(max_model_len: int | None, dtype: str) -> dict[str, Any]:
@@ -79,7 +102,7 @@ def gen_data(
     from vllm import LLM, SamplingParams
 
     out = Path(out)
-    records = read_prompts(prompts, strict=strict)
+    records = read_prompts(prompts, strict=strict, vocab_size=_vocab_size(target))
     sampling = {
         "max_tokens": max_tokens,
         "temperature": temperature,

@@ -33,12 +33,27 @@ class Record:
         return hashlib.sha1(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _check_prompt(d: dict[str, Any]) -> str | None:
+def _ids_problem(key: str, ids: Any, vocab_size: int | None) -> str | None:
+    """What is wrong with ``ids`` as the token ids of field ``key``, if anything."""
+    if not isinstance(ids, list):
+        return f'needs "{key}" as a list of token ids'
+    for i, t in enumerate(ids):
+        # bool is an int in Python, and JSON's true would silently become token 1
+        if isinstance(t, bool) or not isinstance(t, int):
+            return f'"{key}"[{i}] = {json.dumps(t)}: not a token id'
+        if t < 0:
+            return f'"{key}"[{i}] = {t}: token ids are not negative'
+        if vocab_size is not None and t >= vocab_size:
+            return f'"{key}"[{i}] = {t}: outside the target\'s vocabulary of {vocab_size}'
+    return None
+
+
+def _check_prompt(d: dict[str, Any], vocab_size: int | None = None) -> str | None:
     if isinstance(d.get("prompt"), str) and d["prompt"]:
         return None
     ids = d.get("prompt_token_ids")
-    if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
-        return None  # already tokenized
+    if isinstance(ids, list) and ids:
+        return _ids_problem("prompt_token_ids", ids, vocab_size)  # already tokenized
     msgs = d.get("messages")
     if (
         isinstance(msgs, list)
@@ -54,11 +69,11 @@ def _check_prompt(d: dict[str, Any]) -> str | None:
     )
 
 
-def _check_sample(d: dict[str, Any]) -> str | None:
+def _check_sample(d: dict[str, Any], vocab_size: int | None = None) -> str | None:
     for key in ("prompt_token_ids", "response_token_ids"):
-        ids = d.get(key)
-        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-            return f'needs "{key}" as a list of token ids (write the file with gen-data)'
+        problem = _ids_problem(key, d.get(key), vocab_size)
+        if problem:
+            return f"{problem} (write the file with gen-data)"
     if not d["prompt_token_ids"]:
         return '"prompt_token_ids" is empty'
     if not d["response_token_ids"]:
@@ -110,12 +125,32 @@ def read_jsonl(
     return good
 
 
-def read_prompts(path: str | Path, *, strict: bool = False) -> list[Record]:
-    return read_jsonl(path, _check_prompt, strict=strict, what="prompt")
+def read_prompts(
+    path: str | Path, *, strict: bool = False, vocab_size: int | None = None
+) -> list[Record]:
+    """Prompt records; given the target's ``vocab_size``, token ids are checked against it."""
+    return read_jsonl(path, lambda d: _check_prompt(d, vocab_size), strict=strict, what="prompt")
 
 
-def read_samples(path: str | Path, *, strict: bool = False) -> list[Record]:
-    return read_jsonl(path, _check_sample, strict=strict, what="sample")
+def read_samples(
+    path: str | Path, *, strict: bool = False, vocab_size: int | None = None
+) -> list[Record]:
+    """Sample records. Ids must be unique, whatever ``strict`` says: offline features are
+    looked up by id, so a repeated id would train one sample on another's features."""
+    records = read_jsonl(path, lambda d: _check_sample(d, vocab_size), strict=strict, what="sample")
+    first: dict[str, int] = {}
+    repeated = []
+    for r in records:
+        if r.id in first:
+            repeated.append(f"line {r.line}: id {r.id!r} is already line {first[r.id]}'s")
+        first.setdefault(r.id, r.line)
+    if repeated:
+        shown = "\n  ".join(repeated[:20])
+        raise DFlashDataError(
+            f"{path}: {len(repeated)} repeated sample id(s):\n  {shown}\n"
+            'Fix: give every sample its own "id" (gen-data writes unique ones)'
+        )
+    return records
 
 
 def encode_prompt(tokenizer: Any, record: dict[str, Any]) -> list[int]:

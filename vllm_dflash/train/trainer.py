@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import pickle
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,20 @@ _BOOKKEEPING = {
 }
 LOG = "train_log.json"
 PLOT = "training.png"
+
+
+def load_state(path: Path) -> dict:
+    """A training checkpoint, on the CPU whatever device wrote it. Only tensors and plain
+    data load (``weights_only``): a pickle that would construct anything else, and so could
+    run code, is refused."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise DFlashDataError(
+            f"{path}: refused, it holds objects other than tensors and plain data, and "
+            f"loading it could run code ({str(e).splitlines()[0]}). Fix: resume only from "
+            "checkpoints this trainer wrote, or start fresh without --resume"
+        ) from None
 
 
 @dataclass
@@ -155,7 +170,7 @@ class Trainer:
         cfg = self.cfg
         samples = []
         too_short = 0
-        for r in read_samples(cfg.data, strict=cfg.strict):
+        for r in read_samples(cfg.data, strict=cfg.strict, vocab_size=self.dcfg.vocab_size):
             ids = (r.data["prompt_token_ids"] + r.data["response_token_ids"])[: cfg.max_seq_len]
             p = len(r.data["prompt_token_ids"])
             if len(ids) - 2 < p:  # no anchor with a label inside max_seq_len
@@ -303,7 +318,7 @@ class Trainer:
                 f"field 'resume' = true but {path} does not exist. Fix: drop --resume to "
                 "start fresh, or point --out at the run to continue"
             )
-        st = torch.load(path, weights_only=False)
+        st = load_state(path)
         now = self.cfg.model_dump(mode="json", exclude=_BOOKKEEPING)
         changed = sorted(k for k in now if st["config"].get(k) != now[k])
         if changed:

@@ -92,6 +92,13 @@ _SEAMS = (
         "read: which model runner the worker builds (0.34 has only V2)",
     ),
     Seam("platform", "vllm.platforms", "current_platform", ALL, "read: is_cuda/is_rocm/is_cpu"),
+    Seam(
+        "vllm_envs",
+        "vllm.envs",
+        "environment_variables",
+        ALL,
+        "set: our VLLM_DFLASH_* variables join vLLM's known ones (vllm_envs.py)",
+    ),
     # ---- the drafter ---------------------------------------------------------------------
     Seam(
         "model_registry",
