@@ -4,7 +4,9 @@ Our proposer serves ``method: "dflash"`` wherever the installed vLLM, its model 
 platform are a combination we serve (``versions.py``); everywhere else, and with
 ``VLLM_DFLASH_BACKEND=builtin`` or another speculative method, vLLM is left exactly as it
 was and its own implementation serves. One log line per process says which, and why
-(``serving/seams/decide.py`` decides, ``serving/activate.py`` acts).
+(``serving/seams/decide.py`` decides, ``serving/activate.py`` acts). In every case our
+``VLLM_DFLASH_*`` variables join vLLM's known environment variables
+(``serving/vllm_envs.py``).
 """
 
 from __future__ import annotations

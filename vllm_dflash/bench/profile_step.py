@@ -15,12 +15,14 @@ runs the held-out prompts, greedy, concurrency held constant (``engine_worker._t
    ATen / custom op's own CPU time is charged to the innermost stage around it. Host time
    is the stage's wall time less the op time inside it: Python, dispatch, argument checks.
 
-Stages, nested as they run: the engine step (schedule, with our draft policy; the model
-runner's ``execute_model``: inputs, then the target's forward over 1 + K tokens per
-request; ``sample_tokens``: vLLM's rejection sampler, then drafting, which is vLLM's input
-preparation around our ``propose``: feature gathering, fuse, context K/V, drafter forward,
-draft tokens; ``update_from_output``, with our policy's observation; handing the drafts to
-the scheduler). ``VLLM_DFLASH_CUSTOM_OPS=0`` profiles the PyTorch path,
+Stages, nested as they run: the LLM engine's step, which holds the engine core's step
+(schedule, with our draft policy; the model runner's ``execute_model``: inputs, then the
+target's forward over 1 + K tokens per request; ``sample_tokens``: vLLM's rejection
+sampler, then drafting, which is vLLM's input preparation around our ``propose``: feature
+gathering, fuse, context K/V, drafter forward, draft tokens; ``update_from_output``, with
+our policy's observation), the drafts handed to the scheduler, and the output processing
+with every stat logger, ours included (in a server that part runs in the API process,
+beside the engine core). ``VLLM_DFLASH_CUSTOM_OPS=0`` profiles the PyTorch path,
 ``VLLM_DFLASH_DRAFT_POLICY=fixed`` the fixed draft length. The op pass covers a shorter
 slice of prompts (a full trace is gigabytes).
 """
@@ -43,23 +45,24 @@ import torch
 # (stage label, owner, attribute, depth). Owners: "core" (the engine core), "scheduler",
 # "runner" (the model runner), "proposer" (ours), "model" (our drafter), "sampler".
 STAGES = [
-    ("engine step", "core", "step_fn", 0),
-    ("schedule (+ draft policy)", "scheduler", "schedule", 1),
-    ("execute_model", "runner", "execute_model", 1),
-    ("target forward", "runner", "_model_forward", 2),
-    ("sample_tokens", "runner", "sample_tokens", 1),
-    ("sampling / verification", "runner", "_sample", 2),
-    ("drafting (vLLM prep + propose)", "runner", "propose_draft_token_ids", 2),
-    ("propose (ours)", "proposer", "propose", 3),
-    ("feature gathering", "proposer", "_verified", 4),
-    ("fuse: fc -> hidden_norm", "model", "combine_hidden_states", 4),
-    ("context K/V injection", "model", "precompute_and_store_context_kv", 4),
-    ("drafter forward", "model", "forward", 4),
-    ("draft tokens (lm_head + argmax)", "model", "get_top_tokens", 4),
+    ("LLM engine step (+ output processing, stat loggers)", "llm_engine", "step", 0),
+    ("engine core step", "core", "step_fn", 1),
+    ("schedule (+ draft policy)", "scheduler", "schedule", 2),
+    ("execute_model", "runner", "execute_model", 2),
+    ("target forward", "runner", "_model_forward", 3),
+    ("sample_tokens", "runner", "sample_tokens", 2),
+    ("sampling / verification", "runner", "_sample", 3),
+    ("drafting (vLLM prep + propose)", "runner", "propose_draft_token_ids", 3),
+    ("propose (ours)", "proposer", "propose", 4),
+    ("feature gathering", "proposer", "_verified", 5),
+    ("fuse: fc -> hidden_norm", "model", "combine_hidden_states", 5),
+    ("context K/V injection", "model", "precompute_and_store_context_kv", 5),
+    ("drafter forward", "model", "forward", 5),
+    ("draft tokens (lm_head + argmax)", "model", "get_top_tokens", 5),
     # Steps where nobody drafts (serving/idle_steps.py); its fuse and K/V rows are counted
     # in the two rows above as well.
-    ("context K/V only (nobody drafts)", "proposer", "context_only", 3),
-    ("update_from_output (+ policy)", "scheduler", "update_from_output", 1),
+    ("context K/V only (nobody drafts)", "proposer", "context_only", 4),
+    ("update_from_output (+ policy)", "scheduler", "update_from_output", 2),
     ("drafts to the scheduler", "core", "post_step", 1),
 ]
 TOP = STAGES[0][0]
@@ -98,7 +101,12 @@ def _install(llm: Any, timer: StageTimer) -> None:
     core = llm.llm_engine.engine_core.engine_core  # in-process engine core
     runner = core.model_executor.driver_worker.worker.model_runner
     drafter = getattr(runner, "drafter", None)
-    owners = {"core": core, "scheduler": core.scheduler, "runner": runner}
+    owners = {
+        "llm_engine": llm.llm_engine,
+        "core": core,
+        "scheduler": core.scheduler,
+        "runner": runner,
+    }
     if drafter is not None:
         owners |= {"proposer": drafter, "model": drafter.model}
     sampler = getattr(runner, "rejection_sampler", None)

@@ -11,7 +11,8 @@ vLLM loads plugins in every process before it builds anything (``plugin.register
 
 ``apply`` either installs everything serving needs (``install.py``), or, standing aside,
 puts back every original vLLM object (``patch.restore_all``), the two watchers included:
-vLLM is then exactly as it was. One log line per process says which and why.
+vLLM is then exactly as it was, but for our ``VLLM_DFLASH_*`` names in its list of known
+environment variables (``vllm_envs.py``). One log line per process says which and why.
 """
 
 from __future__ import annotations
