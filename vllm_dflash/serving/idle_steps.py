@@ -38,20 +38,15 @@ def plain_sampling(sample):
 
 
 def sparing_drafting(propose_draft_token_ids):
+    import inspect
+
     from vllm_dflash.serving.proposer import DFlashProposer
 
-    def propose_draft_token_ids_sparing(
-        self,
-        scheduler_output,
-        sampled_token_ids,
-        sampling_metadata,
-        hidden_states,
-        sample_hidden_states,
-        aux_hidden_states,
-        spec_decode_metadata,
-        common_attn_metadata,
-        slot_mappings,
-    ):
+    signature = inspect.signature(propose_draft_token_ids)  # the seam checks its names
+
+    def propose_draft_token_ids_sparing(self, *args, **kwargs):
+        a = signature.bind(self, *args, **kwargs).arguments
+        scheduler_output, aux_hidden_states = a["scheduler_output"], a["aux_hidden_states"]
         drafter = self.drafter
         if (
             aux_hidden_states is not None
@@ -65,19 +60,8 @@ def sparing_drafting(propose_draft_token_ids):
             return drafter.context_only(
                 torch.cat([h[:n] for h in aux_hidden_states], dim=-1),
                 self._get_positions(n),
-                common_attn_metadata,
+                a["common_attn_metadata"],
             )
-        return propose_draft_token_ids(
-            self,
-            scheduler_output,
-            sampled_token_ids,
-            sampling_metadata,
-            hidden_states,
-            sample_hidden_states,
-            aux_hidden_states,
-            spec_decode_metadata,
-            common_attn_metadata,
-            slot_mappings,
-        )
+        return propose_draft_token_ids(self, *args, **kwargs)
 
     return propose_draft_token_ids_sparing
