@@ -73,7 +73,10 @@ class PolicySettings(EnvSettings):
         "request verifies num_speculative_tokens drafts every step)",
     )
     policy_first_probe: int = Field(
-        4, ge=1, description="steps a request waits without drafting before its first probe"
+        4,
+        ge=1,
+        description="the shortest wait, in steps, before a probe (where probes land; the "
+        "wait doubles with each one that misses)",
     )
     policy_max_probe: int = Field(
         64, ge=1, description="the longest wait, in steps, between two probes of a request"
