@@ -28,7 +28,10 @@ def test_demo_serves_the_embedded_default(tmp_path):
         if re.search(r"\S\s{2,}\S", line)
     )
     assert rows["outputs identical (greedy)"] == "yes"
-    assert float(rows["acceptance length tau"]) > 2.0
+    # The demo serves the default draft policy, which picks the step length from costs
+    # measured on this (shared, noisy) machine: at one draft per step tau cannot pass 2.
+    # Above 1.3 the drafter's drafts land; a broken drafter gives 1.0.
+    assert float(rows["acceptance length tau"]) > 1.3
     for key in ("no speculation, output tok/s", "DFlash (vllm-dflash), output tok/s"):
         assert float(rows[key]) > 0
     assert rows["speedup (paired passes)"].endswith("x")
