@@ -3,9 +3,11 @@ embedded default: ``python -m vllm_dflash.bench.profile_step [--concurrency 1 16
 [--k 7] [--drafts always] [--out table.md]``.
 
 Two vLLM engines run in this process, one after the other (no engine-core subprocess, so
-their methods can be timed from here): no speculation, then ours. The plain engine's greedy
-continuations (K + 1 tokens longer) are the oracle of ``--drafts always|never``, the
-adversarial drafters of ``vllm-dflash bench`` (``serving/bench_drafts.py``): ``always``
+their methods can be timed from here): ours, then no speculation (standing aside for the
+plain engine puts vLLM back as it was, and the plugin loads once per process). With
+``--drafts always|never``, the adversarial drafters of ``vllm-dflash bench``
+(``serving/bench_drafts.py``), our engine's own greedy continuations (K + 1 tokens longer;
+greedy speculation is lossless, so they are the target's) are the oracle: ``always``
 profiles the step at the acceptance ceiling tau = K + 1. For each concurrency, each engine
 runs the held-out prompts, greedy, concurrency held constant (``engine_worker._timed_pass``):
 
@@ -42,8 +44,8 @@ from typing import Any
 
 import torch
 
-# (stage label, owner, attribute, depth). Owners: "core" (the engine core), "scheduler",
-# "runner" (the model runner), "proposer" (ours), "model" (our drafter), "sampler".
+# (stage label, owner, attribute, depth). Owners: "llm_engine", "core" (the engine core),
+# "scheduler", "runner" (the model runner), "proposer" (ours), "model" (our drafter).
 STAGES = [
     ("LLM engine step (+ output processing, stat loggers)", "llm_engine", "step", 0),
     ("engine core step", "core", "step_fn", 1),
@@ -96,8 +98,6 @@ class StageTimer:
 
 
 def _install(llm: Any, timer: StageTimer) -> None:
-    from vllm.v1.sample.rejection_sampler import RejectionSampler
-
     core = llm.llm_engine.engine_core.engine_core  # in-process engine core
     runner = core.model_executor.driver_worker.worker.model_runner
     drafter = getattr(runner, "drafter", None)
@@ -109,9 +109,6 @@ def _install(llm: Any, timer: StageTimer) -> None:
     }
     if drafter is not None:
         owners |= {"proposer": drafter, "model": drafter.model}
-    sampler = getattr(runner, "rejection_sampler", None)
-    if isinstance(sampler, RejectionSampler):
-        owners["sampler"] = sampler
     for label, owner, attr, _ in STAGES:
         obj = owners.get(owner)
         if obj is not None and hasattr(obj, attr):
