@@ -21,6 +21,7 @@ def run_engine(
     backend: str = "dflash",
     expect_failure: bool = False,
     env: dict[str, str] | None = None,
+    plugin_stat_loggers: bool = False,
 ) -> tuple[dict[str, Any], str]:
     tmp.mkdir(parents=True, exist_ok=True)
     request = {
@@ -29,6 +30,7 @@ def run_engine(
         "engine": engine or {},
         "jobs": jobs,
         "out": str(tmp / "out.json"),
+        "plugin_stat_loggers": plugin_stat_loggers,
     }
     (tmp / "req.json").write_text(json.dumps(request))
     env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_DFLASH_BACKEND": backend} | (env or {})

@@ -227,7 +227,7 @@ def test_alert_rules_are_valid():
         text=True,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "3 rules found" in out.stdout + out.stderr
+    assert "5 rules found" in out.stdout + out.stderr
 
 
 def test_alert_rules_unit_tests():

@@ -5,6 +5,9 @@ list of jobs; each job's outputs and the spec-decode counters it moved are writt
 request's "out" path as JSON. Engine tests start this as a subprocess (one engine per test
 module) because vLLM spawns its engine core and must run from a real ``__main__``.
 
+With ``"plugin_stat_loggers": true`` the engine also runs the stat-logger plugins (ours),
+and the output holds our ``vllm_dflash_*`` metrics as the engine ends.
+
 Job fields: name, prompts (token-id lists), max_tokens (int or one per prompt),
 temperature, top_k, top_p, seed, stop (strings), concurrency (prompts submitted together;
 default all), abort_after_steps + abort (indices of prompts to abort after that many steps).
@@ -88,13 +91,46 @@ def main(path: str) -> None:
     from vllm import LLM
 
     req = json.loads(Path(path).read_text())
+    if req.get("plugin_stat_loggers"):
+        _with_plugin_stat_loggers()
     llm = LLM(
         model=req["target"],
         speculative_config=req.get("speculative_config"),
         **engine_args(req.get("engine")),
     )
     jobs = {job["name"]: run_job(llm, job) for job in req["jobs"]}
-    Path(req["out"]).write_text(json.dumps({"jobs": jobs}))
+    Path(req["out"]).write_text(json.dumps({"jobs": jobs, "metrics": _our_metrics()}))
+
+
+def _with_plugin_stat_loggers() -> None:
+    """Give the offline engine the stat-logger plugins (ours) as ``vllm serve``'s AsyncLLM
+    does; vLLM's ``LLM`` class loads none."""
+    from vllm.v1.engine.llm_engine import LLMEngine
+    from vllm.v1.metrics.loggers import load_stat_logger_plugin_factories
+
+    build = LLMEngine.from_engine_args.__func__
+
+    def from_engine_args(cls, engine_args, *args, **kwargs):
+        kwargs["stat_loggers"] = load_stat_logger_plugin_factories()
+        return build(cls, engine_args, *args, **kwargs)
+
+    LLMEngine.from_engine_args = classmethod(from_engine_args)
+
+
+def _our_metrics() -> dict[str, float]:
+    """Our counters and gauges (``vllm_dflash_*`` samples of this process's Prometheus
+    registry; vLLM's ``get_metrics`` lists only its own) as the engine ends, summed over
+    labels."""
+    import prometheus_client
+
+    out: dict[str, float] = {}
+    for metric in prometheus_client.REGISTRY.collect():
+        if metric.type not in ("counter", "gauge"):
+            continue
+        for s in metric.samples:
+            if s.name.startswith("vllm_dflash_") and not s.name.endswith("_created"):
+                out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    return out
 
 
 if __name__ == "__main__":

@@ -60,8 +60,16 @@ def settings_classes() -> tuple[type, ...]:
     from vllm_dflash.observability.baseline import MetricsSettings
     from vllm_dflash.ops import CustomOpSettings
     from vllm_dflash.serving.bench_drafts import BenchDraftSettings
+    from vllm_dflash.serving.drafter_faults import FaultSettings
 
-    return (MetricsSettings, AdaptiveSettings, PolicySettings, CustomOpSettings, BenchDraftSettings)
+    return (
+        MetricsSettings,
+        AdaptiveSettings,
+        PolicySettings,
+        CustomOpSettings,
+        BenchDraftSettings,
+        FaultSettings,
+    )
 
 
 # Ours, outside the settings classes: the bench's result channel, and the build switch.

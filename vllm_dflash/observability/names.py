@@ -16,6 +16,8 @@ VERIFY_STEP_SECONDS = PREFIX + "verify_step_seconds"
 BASELINE_STEP_SECONDS = PREFIX + "baseline_step_seconds"
 BASELINE_SAMPLES = PREFIX + "baseline_samples_total"
 ACCEPTANCE_LENGTH_FLOOR = PREFIX + "acceptance_length_floor"
+DRAFTER_FAULTS = PREFIX + "drafter_faults_total"
+DRAFTER_OFF = PREFIX + "drafter_off"
 
 # vLLM's own series that the dashboard and the alerts read.
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"

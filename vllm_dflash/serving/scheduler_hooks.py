@@ -18,7 +18,9 @@
   * ``drafter_s`` / ``verify_s``: per step, the runner's time in our drafter and the rest;
   * ``baseline``: ``[decode batch, seconds]`` for each plain decode step (nothing verified):
     its time outside the drafter, which still drafts for the next step;
-  * ``no_verify``: this step was a baseline step.
+  * ``no_verify``: this step was a baseline step;
+  * ``drafter_faults`` / ``drafter_off``: drafting steps that raised, and whether drafting
+    is switched off (``drafter_faults.py``).
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ def _update(update):
         if st.drafts is not None:
             draft_plan.observe(st.drafts, scheduler_output, model_runner_output)
             for t in timings:
-                if t.decode_only:
+                if t.decode_only and not t.drafter_faults:
                     st.drafts.observe_step(t.batch, t.drafting, t.drafter_s, t.verified, t.verify_s)
         outputs = update(self, scheduler_output, model_runner_output)
         if st.policy is None:
@@ -151,6 +153,10 @@ def _update(update):
         if timings:
             payload["drafter_s"] = [t.drafter_s for t in timings]
             payload["verify_s"] = [t.verify_s for t in timings]
+        if faults := sum(t.drafter_faults for t in timings):
+            payload["drafter_faults"] = faults
+        if any(t.drafter_off for t in timings):
+            payload["drafter_off"] = True
         baseline = st.carry + [[t.plain, t.verify_s] for t in timings if t.plain]
         if baseline:
             payload["baseline"] = baseline

@@ -111,6 +111,19 @@ def _metrics() -> dict[str, Any]:
             "Baseline (no-speculation) steps measured.",
             labels,
         ),
+        faults=prometheus_client.Counter(
+            names.DRAFTER_FAULTS.removesuffix("_total"),
+            "Drafting steps that raised; each such step drafted nothing and its output was "
+            "unchanged.",
+            labels,
+        ),
+        off=prometheus_client.Gauge(
+            names.DRAFTER_OFF,
+            "1 once drafting is switched off after too many drafter faults "
+            "(VLLM_DFLASH_DRAFTER_MAX_FAULTS within VLLM_DFLASH_DRAFTER_FAULT_WINDOW_S).",
+            labels,
+            multiprocess_mode="mostrecent",
+        ),
         floor=prometheus_client.Gauge(
             names.ACCEPTANCE_LENGTH_FLOOR,
             "Mean acceptance length below which the DFlashAcceptanceLengthLow alert fires "
@@ -140,6 +153,9 @@ class DFlashStatLogger(StatLoggerBase):
         self.drafter = m["drafter"].labels(**self.labels)
         self.verify = m["verify"].labels(**self.labels)
         self.samples = m["samples"].labels(**self.labels)
+        self.faults = m["faults"].labels(**self.labels)
+        self.off = m["off"].labels(**self.labels)
+        self.off.set(0)
         self.baseline_gauge = m["baseline"]
         m["floor"].labels(**self.labels).set(settings.acceptance_floor)
 
@@ -184,6 +200,10 @@ class DFlashStatLogger(StatLoggerBase):
             self.drafter.observe(s)
         for s in step.get("verify_s", ()):
             self.verify.observe(s)
+        if faults := step.get("drafter_faults"):
+            self.faults.inc(faults)
+        if step.get("drafter_off"):
+            self.off.set(1)
         samples = step.get("baseline", ())
         for batch, secs in samples:
             self.table.add(int(batch), float(secs))

@@ -41,6 +41,8 @@ class StepTiming:
     verified: int = 0  # drafts verified in this step, all requests together
     drafter_s: float = 0.0  # in our proposer's propose
     verify_s: float = 0.0  # the rest: target forward, rejection sampling, bookkeeping
+    drafter_faults: int = 0  # drafting that raised in this step (``drafter_faults.py``)
+    drafter_off: bool = False  # drafting is switched off after too many faults
 
     @classmethod
     def of(cls, scheduler_output: Any) -> StepTiming:
@@ -85,6 +87,8 @@ class _Step:
     start: Any
     drafts: list[tuple[Any, Any]] = field(default_factory=list)
     end: Any = None
+    faults: int = 0
+    off: bool = False
 
 
 class RunnerTimes:
@@ -103,7 +107,13 @@ class RunnerTimes:
             total = self.clock.seconds(s.start, s.end)
             draft = sum(self.clock.seconds(a, b) for a, b in s.drafts)
             out.append(
-                dataclasses.replace(s.shape, drafter_s=draft, verify_s=max(total - draft, 0.0))
+                dataclasses.replace(
+                    s.shape,
+                    drafter_s=draft,
+                    verify_s=max(total - draft, 0.0),
+                    drafter_faults=s.faults,
+                    drafter_off=s.off,
+                )
             )
         self.pending = keep
         return out
@@ -126,6 +136,15 @@ def drafting() -> Iterator[None]:
         yield
     finally:
         step.drafts.append((a, times.clock.mark()))
+
+
+def note_fault(faulted: bool, off: bool) -> None:
+    """Marks the current step: its drafting raised, and whether drafting is now off
+    (``drafter_faults.py``)."""
+    step = None if _ACTIVE is None else _ACTIVE.step
+    if step is not None:
+        step.faults += faulted
+        step.off = off
 
 
 def install(runner: str) -> None:

@@ -218,7 +218,7 @@ _SEAMS = (
         "GPUModelRunner",
         WITH_V1,
         "wrap: step boundaries for the drafter / verify timings; steps without drafts "
-        "(idle_steps.py)",
+        "(idle_steps.py); drafting steps that raise (drafter_faults.py)",
         members=(
             ("execute_model", ("scheduler_output", "intermediate_tensors")),
             ("sample_tokens", ("grammar_output",)),
@@ -238,6 +238,16 @@ _SEAMS = (
                 ),
             ),
             ("_get_positions", ("num_tokens",)),
+        ),
+        # drafter_faults.py / idle_steps.py: what a step without drafts hands back
+        fields=(
+            "drafter",
+            "input_batch",
+            "use_async_scheduling",
+            "num_spec_tokens",
+            "device",
+            "_draft_probs",
+            "_draft_prob_req_ids",
         ),
     ),
     Seam(
