@@ -9,7 +9,8 @@ With ``"plugin_stat_loggers": true`` the engine also runs the stat-logger plugin
 and the output holds our ``vllm_dflash_*`` metrics as the engine ends.
 
 Job fields: name, prompts (token-id lists), max_tokens (int or one per prompt),
-temperature, top_k, top_p, seed, stop (strings), concurrency (prompts submitted together;
+temperature, top_k, top_p, seed, stop (strings), logprobs (top-n per position, returned
+as "top"), concurrency (prompts submitted together;
 default all), abort_after_steps + abort (indices of prompts to abort after that many steps).
 """
 
@@ -45,6 +46,7 @@ def run_job(llm: Any, job: dict[str, Any]) -> dict[str, Any]:
             seed=seed,
             allowed_token_ids=None if allowed is None else allowed[i],
             stop=job.get("stop"),
+            logprobs=job.get("logprobs"),
             ignore_eos=True,
         )
 
@@ -67,7 +69,13 @@ def run_job(llm: Any, job: dict[str, Any]) -> dict[str, Any]:
 
 def _result(out: Any) -> dict[str, Any]:
     o = out.outputs[0]
-    return {"tokens": list(o.token_ids), "text": o.text, "finish_reason": o.finish_reason}
+    r = {"tokens": list(o.token_ids), "text": o.text, "finish_reason": o.finish_reason}
+    if o.logprobs is not None:  # per position: [token, logprob] pairs, most likely first
+        r["top"] = [
+            sorted(([t, lp.logprob] for t, lp in pos.items()), key=lambda x: -x[1])
+            for pos in o.logprobs
+        ]
+    return r
 
 
 def _run_with_aborts(llm: Any, prompts, params, job) -> list[dict[str, Any] | None]:

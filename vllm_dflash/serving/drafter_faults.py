@@ -126,12 +126,12 @@ def guarded(propose_draft_token_ids):
                 step_timing.note_fault(faulted=True, off=guard.off)
         else:
             step_timing.note_fault(faulted=False, off=True)
-        return _no_drafts(self)
+        return no_drafts(self)
 
     return propose_draft_token_ids_guarded
 
 
-def _no_drafts(runner):
+def no_drafts(runner):
     """No drafts for the next step: one empty list per request, or under async scheduling
     (K placeholders already reserved) vLLM's own fallback of K zeros. Without draft
     probabilities the rejection sampler treats a draft as certain, which keeps sampled

@@ -12,7 +12,10 @@ pay, and vLLM still runs its speculative machinery in them. Two wraps of the mod
   does async scheduling.
 * ``sparing_drafting``: where nothing was verified and nobody drafts, vLLM's preparation of
   the drafter's inputs (next tokens, rejected-row bookkeeping, attention metadata) serves
-  nothing; the proposer gets the captured features directly for its context K/V write.
+  nothing; the proposer gets the captured features directly for its context K/V write,
+  and the scheduler gets empty draft lists instead of a [batch, K] tensor of zeros to copy,
+  convert and cut. (The policy is not served under async scheduling, the one mode whose
+  input preparation reads the previous step's drafts as a tensor.)
 """
 
 from __future__ import annotations
@@ -38,15 +41,24 @@ def plain_sampling(sample):
 
 
 def sparing_drafting(propose_draft_token_ids):
-    import inspect
-
+    from vllm_dflash.serving.drafter_faults import no_drafts
     from vllm_dflash.serving.proposer import DFlashProposer
 
-    signature = inspect.signature(propose_draft_token_ids)  # the seam checks its names
-
-    def propose_draft_token_ids_sparing(self, *args, **kwargs):
-        a = signature.bind(self, *args, **kwargs).arguments
-        scheduler_output, aux_hidden_states = a["scheduler_output"], a["aux_hidden_states"]
+    # The parameters by position, as vLLM passes them: the seam checks their names and
+    # order (``inspect.Signature.bind`` costs more than the rest of an idle step's glue).
+    def propose_draft_token_ids_sparing(
+        self,
+        scheduler_output,
+        sampled_token_ids,
+        sampling_metadata,
+        hidden_states,
+        sample_hidden_states,
+        aux_hidden_states,
+        spec_decode_metadata,
+        common_attn_metadata,
+        *args,
+        **kwargs,
+    ):
         drafter = self.drafter
         if (
             aux_hidden_states is not None
@@ -55,13 +67,24 @@ def sparing_drafting(propose_draft_token_ids):
             and isinstance(drafter, DFlashProposer)
         ):
             n = scheduler_output.total_num_scheduled_tokens
-            self._draft_probs = None
-            self._draft_prob_req_ids = None
-            return drafter.context_only(
+            drafter.context_only(
                 torch.cat([h[:n] for h in aux_hidden_states], dim=-1),
                 self._get_positions(n),
-                a["common_attn_metadata"],
+                common_attn_metadata,
             )
-        return propose_draft_token_ids(self, *args, **kwargs)
+            return no_drafts(self)  # empty lists: nothing to copy, nothing to verify
+        return propose_draft_token_ids(
+            self,
+            scheduler_output,
+            sampled_token_ids,
+            sampling_metadata,
+            hidden_states,
+            sample_hidden_states,
+            aux_hidden_states,
+            spec_decode_metadata,
+            common_attn_metadata,
+            *args,
+            **kwargs,
+        )
 
     return propose_draft_token_ids_sparing

@@ -204,18 +204,13 @@ class DFlashProposer(_SpecDecodeBaseProposer):
         features: torch.Tensor,  # [num_tokens, layers * hidden_size]
         positions: torch.Tensor,  # [num_tokens]
         cad: CommonAttentionMetadata,
-    ) -> torch.Tensor:
+    ) -> None:
         """A step in which nothing was verified and nobody drafts
-        (``idle_steps.sparing_drafting``): the context K/V write alone -> no drafts
-        [batch, K]."""
+        (``idle_steps.sparing_drafting``): the context K/V write alone."""
         with step_timing.drafting():
-            b = cad.num_reqs
             start_checks.check_features(self.draft, tuple(features.shape), cad.num_actual_tokens)
-            batch_ids, _ = self._drafting_rows(b)
+            batch_ids, _ = self._drafting_rows(cad.num_reqs)
             self._write_context(features, positions, cad, None, batch_ids, [])
-            return torch.zeros(
-                b, self.num_speculative_tokens, dtype=torch.int32, device=self.device
-            )
 
     def _drafting_rows(self, b: int) -> tuple[list[str] | None, list[int] | None]:
         """The batch's request ids, and the rows that draft this step (the draft policy,
