@@ -30,6 +30,8 @@ K8S_VERSION = "1.30.0"
 # Container images (the name kustomize's image setting leaves) -> the Dockerfile that builds
 # them, whose ENTRYPOINT runs when a manifest gives only `args`.
 IMAGES = {"vllm-dflash": DOCKER / "Dockerfile.gpu", "vllm-dflash-cpu": DOCKER / "Dockerfile.cpu"}
+# Secrets a pod may not start without (deploy/README.md says how to create each).
+REQUIRED_SECRETS = {"vllm-dflash-ray-token"}
 
 
 def kustomize_command() -> list[str]:
@@ -168,8 +170,9 @@ def container_env(container: dict[str, Any], objs: list[dict[str, Any]]) -> dict
             env[item["name"]] = item["value"]
             continue
         ref = item["valueFrom"].get("configMapKeyRef")
-        if ref is None:  # a Secret: must be optional, the manifests create none
-            assert item["valueFrom"]["secretKeyRef"].get("optional"), item
+        if ref is None:  # a Secret: the manifests create none, so optional unless required
+            secret = item["valueFrom"]["secretKeyRef"]
+            assert secret.get("optional") or secret["name"] in REQUIRED_SECRETS, item
             continue
         assert ref["name"] in config_maps, f"env {item['name']}: no ConfigMap {ref['name']}"
         env[item["name"]] = config_maps[ref["name"]][ref["key"]]
@@ -226,17 +229,94 @@ def vllm_serve_argv(container: dict[str, Any], objs: list[dict[str, Any]]) -> li
     raise AssertionError(f"container {container['name']} runs {argv[:2]}: not vLLM's server")
 
 
-def pod_specs(objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    """(label, pod spec) of every workload: Deployments and LeaderWorkerSet templates."""
-    specs = []
+def pod_templates(objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, str], dict]]:
+    """(label, pod labels, pod spec) of every workload: Deployments and LeaderWorkerSet
+    templates. A LeaderWorkerSet's pods also carry the label its controller adds."""
+    out = []
     for d in find(objs, "Deployment"):
-        specs.append((f"Deployment/{d['metadata']['name']}", d["spec"]["template"]["spec"]))
+        tmpl = d["spec"]["template"]
+        label = f"Deployment/{d['metadata']['name']}"
+        out.append((label, tmpl["metadata"]["labels"], tmpl["spec"]))
     for lws in find(objs, "LeaderWorkerSet"):
         tmpl = lws["spec"]["leaderWorkerTemplate"]
+        group = {"leaderworkerset.sigs.k8s.io/name": lws["metadata"]["name"]}
         for role in ("leaderTemplate", "workerTemplate"):
             if role in tmpl:
-                specs.append((f"LeaderWorkerSet/{role}", tmpl[role]["spec"]))
-    return specs
+                labels = tmpl[role].get("metadata", {}).get("labels", {}) | group
+                out.append((f"LeaderWorkerSet/{role}", labels, tmpl[role]["spec"]))
+    return out
+
+
+def pod_specs(objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, pod spec) of every workload."""
+    return [(label, spec) for label, _, spec in pod_templates(objs)]
+
+
+# --- the "restricted" Pod Security Standard (Kubernetes' pod-security admission) -----------
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def restricted_violations(spec: dict[str, Any]) -> list[str]:
+    """Where a pod spec breaks the "restricted" Pod Security Standard, or our additions to it
+    (no service-account token, a read-only root filesystem); [] when it meets them."""
+    out = []
+    pod = spec.get("securityContext", {})
+    if spec.get("automountServiceAccountToken") is not False:
+        out.append("automountServiceAccountToken is not false")
+    for host in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(host):
+            out.append(f"{host} is set")
+    for v in spec.get("volumes", []):
+        kind = next(k for k in v if k != "name")
+        if kind not in RESTRICTED_VOLUMES:
+            out.append(f"volume {v['name']}: {kind} is not allowed")
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        sc = c.get("securityContext", {})
+        where = f"container {c['name']}"
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{where}: allowPrivilegeEscalation is not false")
+        if sc.get("privileged"):
+            out.append(f"{where}: privileged")
+        if "ALL" not in sc.get("capabilities", {}).get("drop", []):
+            out.append(f"{where}: capabilities do not drop ALL")
+        if set(sc.get("capabilities", {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            out.append(f"{where}: adds capabilities")
+        if not sc.get("runAsNonRoot", pod.get("runAsNonRoot")):
+            out.append(f"{where}: runAsNonRoot is not true")
+        if sc.get("runAsUser", pod.get("runAsUser")) == 0:
+            out.append(f"{where}: runs as uid 0")
+        seccomp = sc.get("seccompProfile", pod.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{where}: seccompProfile is {seccomp}, not RuntimeDefault")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            out.append(f"{where}: the root filesystem is writable")
+    return out
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector (matchLabels, matchExpressions) selects labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        present = e["key"] in labels
+        ok = {
+            "In": present and labels[e["key"]] in e.get("values", []),
+            "NotIn": not present or labels[e["key"]] not in e.get("values", []),
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[e["operator"]]
+        if not ok:
+            return False
+    return True
 
 
 def parse_vllm_serve(argv: list[str]) -> tuple[Any, Any]:
@@ -262,3 +342,47 @@ def parse_vllm_serve(argv: list[str]) -> tuple[Any, Any]:
     if args.model_tag is not None:  # as ServeSubcommand.cmd does
         args.model = args.model_tag
     return args, EngineArgs.from_cli_args(args)
+
+
+# --- NetworkPolicies, evaluated as the cluster would (one namespace) ------------------------
+def admits(
+    policies: list[dict[str, Any]],
+    pod: tuple[dict[str, str], dict[str, Any]],
+    peer: tuple[dict[str, str], dict[str, str] | None],
+    port: int,
+) -> bool:
+    """Whether ingress to ``port`` of ``pod`` (its labels, its spec) is allowed from ``peer``
+    (its namespace's labels; its pod labels, None for "any pod there"). A pod no policy
+    selects admits everything; policies add up."""
+    labels, spec = pod
+    ns_labels, peer_labels = peer
+    named = {p["name"]: p["containerPort"] for c in spec["containers"] for p in c.get("ports", [])}
+    mine = [
+        p
+        for p in policies
+        if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+        and selects(p["spec"]["podSelector"], labels)
+    ]
+    if not mine:
+        return True
+    same_ns = ns_labels.get("kubernetes.io/metadata.name") == "default"
+    for p in mine:
+        for rule in p["spec"].get("ingress", []):
+            ports = rule.get("ports")
+            if ports and not any(named.get(q["port"], q["port"]) == port for q in ports):
+                continue
+            if "from" not in rule:
+                return True
+            for f in rule["from"]:
+                assert "ipBlock" not in f, "ipBlock peers are not checked here"
+                ns_ok = (
+                    selects(f["namespaceSelector"], ns_labels)
+                    if "namespaceSelector" in f
+                    else same_ns
+                )
+                pod_ok = "podSelector" not in f or (
+                    peer_labels is not None and selects(f["podSelector"], peer_labels)
+                )
+                if ns_ok and pod_ok:
+                    return True
+    return False
