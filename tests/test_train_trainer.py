@@ -212,3 +212,12 @@ def test_config_errors_name_the_field(target_dir, data, tmp_path):
         _cfg(target_dir, data, tmp_path, block_sise=8)
     with pytest.raises(DFlashConfigError, match="field 'lr'"):
         _cfg(target_dir, data, tmp_path, lr=-1)
+
+
+def test_eval_prompts_outside_the_vocabulary_are_refused(target_dir, data, tmp_path):
+    bad = tmp_path / "held_out.jsonl"
+    bad.write_text(json.dumps({"prompt_token_ids": [5, 6, 4096]}) + "\n")
+    samples, _ = data
+    cfg = _cfg(target_dir, (samples, bad), tmp_path / "run", steps=1, strict=True)
+    with pytest.raises(DFlashDataError, match=r"line 1: .*4096: outside the target's vocabulary"):
+        Trainer(cfg)

@@ -183,7 +183,9 @@ class Trainer:
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(str(cfg.target))
-            recs = read_prompts(cfg.eval_prompts, strict=cfg.strict)[: cfg.eval_num_prompts]
+            recs = read_prompts(
+                cfg.eval_prompts, strict=cfg.strict, vocab_size=self.dcfg.vocab_size
+            )[: cfg.eval_num_prompts]
             eval_prompts = [encode_prompt(tok, r.data) for r in recs]
         else:  # hold the last samples out: their prompts are never trained on
             if len(samples) <= cfg.eval_num_prompts:
