@@ -52,3 +52,18 @@ def run_engine(
 def mean_acceptance_length(spec: dict[str, Any]) -> float:
     """vLLM's definition: 1 + accepted draft tokens per verify step that had drafts."""
     return 1 + spec["accepted"] / spec["drafts"]
+
+
+def random_prompts(seed: int, n: int, lo: int, hi: int) -> list[list[int]]:
+    """``n`` prompts of ``lo``..``hi`` token ids from the tiny target's vocabulary."""
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 127) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def distilled_drafter(target: Any, drafter_dir: Path, out: Path, prompts: list[list[int]]):
+    """A block-8 drafter distilled on ``prompts`` (600 steps), so its drafts land there."""
+    from vllm_dflash.testing.distill import distill
+
+    return distill(target, drafter_dir, out, prompts, steps=600)

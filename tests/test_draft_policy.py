@@ -9,6 +9,7 @@ import pytest
 
 from vllm_dflash.adaptive.policy import DraftPolicy, PolicySettings
 from vllm_dflash.errors import DFlashConfigError
+from vllm_dflash.observability.baseline import bucket
 
 K = 7
 
@@ -157,3 +158,40 @@ def test_finished_requests_are_forgotten():
 def test_bad_policy_setting_names_the_variable():
     with pytest.raises(DFlashConfigError, match="VLLM_DFLASH_DRAFT_POLICY='sometimes'.*Fix"):
         PolicySettings.from_env({"VLLM_DFLASH_DRAFT_POLICY": "sometimes"})
+
+
+def _timing(batch: int, drafting: int, verified: int, drafter_s: float, verify_s: float, **kw):
+    from vllm_dflash.serving.step_timing import StepTiming
+
+    return StepTiming(
+        batch=batch,
+        decode_only=True,
+        verify_gamma=0,
+        draft_gamma=0,
+        plain=0 if verified else batch,
+        drafting=drafting,
+        verified=verified,
+        drafter_s=drafter_s,
+        verify_s=verify_s,
+        **kw,
+    )
+
+
+def test_costs_count_the_engine_loop_outside_the_runner():
+    """A busy loop's time outside the model runner (scheduling, bookkeeping, output) is part
+    of what a step costs; a loop that waited for requests, or a faulted step, adds none."""
+    from vllm_dflash.serving.draft_plan import observe_costs
+
+    p = DraftPolicy(4)
+    for _ in range(3):
+        observe_costs(p, [_timing(4, 0, 0, 0.001, 0.004)], 0.006)  # 1 ms outside the runner
+    assert p.costs_at(4) is None  # no drafting step yet
+    assert p.costs[bucket(4)].plain_verify.at(4) == pytest.approx(0.005)
+    observe_costs(p, [_timing(4, 0, 0, 0.001, 0.004)], 1.0)  # idle: runner time only
+    observe_costs(p, [_timing(4, 0, 0, 0.001, 0.004, drafter_faults=1)], 0.006)  # skipped
+    c = p.costs[bucket(4)]
+    assert c.plain_verify.samples == 4
+    assert c.plain_verify.at(4) < 0.005 and c.plain_verify.at(4) > 0.004
+    # verified drafts bring their share of the outside work into the per-token cost
+    observe_costs(p, [_timing(4, 4, 8, 0.003, 0.006)], 0.0115)  # 2.5 ms outside
+    assert p.costs[bucket(4)].per_token.at(4) > (0.006 - c.plain_verify.at(4)) / 8

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 from pathlib import Path
 
 import pytest
-from serving_harness import run_engine
+from serving_harness import distilled_drafter, random_prompts, run_engine
 
 from vllm_dflash.errors import DFlashConfigError
 from vllm_dflash.serving.drafter_faults import FaultGuard, FaultSettings
@@ -77,13 +76,8 @@ MAX_NEW = 40
 MAX_FAULTS = 30
 
 
-def _prompts(seed: int, n: int, lo: int, hi: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 127) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-PARITY = _prompts(1234, 32, 1, 40)  # the distilled drafter's training prompts
-MIXED = _prompts(77, 24, 1, 120)
+PARITY = random_prompts(1234, 32, 1, 40)  # the distilled drafter's training prompts
+MIXED = random_prompts(77, 24, 1, 120)
 JOBS = [
     {"name": "c8", "prompts": PARITY, "max_tokens": MAX_NEW, "concurrency": 8},
     {"name": "mixed", "prompts": MIXED, "max_tokens": [5 + 3 * i for i in range(24)]},
@@ -100,11 +94,8 @@ POLICY = {  # the draft policy with frequent probes: steps where nobody drafts, 
 
 @pytest.fixture(scope="module")
 def drafter_dir(target, drafter_dirs, tmp_path_factory):
-    from vllm_dflash.testing.distill import distill
-
-    return distill(
-        target, drafter_dirs[8], tmp_path_factory.mktemp("distilled") / "b8", PARITY, steps=600
-    )
+    out = tmp_path_factory.mktemp("distilled") / "b8"
+    return distilled_drafter(target, drafter_dirs[8], out, PARITY)
 
 
 @pytest.fixture(scope="module")

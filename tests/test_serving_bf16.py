@@ -25,12 +25,8 @@ common. For a real model the same argument scales with its logits: at magnitudes
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from serving_harness import mean_acceptance_length, run_engine
-
-from vllm_dflash.testing.distill import distill
+from serving_harness import distilled_drafter, mean_acceptance_length, random_prompts, run_engine
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("serving_bf16")]
 K = 7
@@ -39,13 +35,8 @@ NEAR_TIE = 0.125
 ENGINE = {"dtype": "bfloat16"}
 
 
-def _prompts(seed: int, n: int, lo: int, hi: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 127) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-PARITY = _prompts(1234, 32, 1, 40)  # the distilled drafter's prompts: drafts land
-PROMPTS = PARITY + _prompts(4321, 64, 1, 160)
+PARITY = random_prompts(1234, 32, 1, 40)  # the distilled drafter's prompts: drafts land
+PROMPTS = PARITY + random_prompts(4321, 64, 1, 160)
 JOBS = [
     {"name": "c96", "prompts": PROMPTS, "max_tokens": MAX_NEW},
     {"name": "c8", "prompts": PROMPTS[:48], "max_tokens": MAX_NEW, "concurrency": 8},
@@ -54,9 +45,8 @@ JOBS = [
 
 @pytest.fixture(scope="module")
 def drafter_dir(target, drafter_dirs, tmp_path_factory):
-    return distill(
-        target, drafter_dirs[8], tmp_path_factory.mktemp("distilled") / "b8", PARITY, steps=600
-    )
+    out = tmp_path_factory.mktemp("distilled") / "b8"
+    return distilled_drafter(target, drafter_dirs[8], out, PARITY)
 
 
 @pytest.fixture(scope="module")

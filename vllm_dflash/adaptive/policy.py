@@ -12,11 +12,13 @@ second the step is expected to commit,
   per-position acceptance (a short memory, ``policy_half_life`` verifies), shrunk towards
   the engine-wide estimate while the request has little history. So one request whose
   drafts keep missing stops drafting while the others go on.
-* ``T_plain``, ``c_row``, ``c_tok``: measured, per batch-size bucket, from the model
-  runner's own timing of every decode step (``serving/step_timing.py``): the drafter's time
-  when nobody drafts (the context K/V write alone), the rest of a step that verifies
-  nothing (a plain decode step), and what each drafting request adds to the drafter's time
-  and each verified draft to the rest. Cost is modelled as linear in drafting requests and
+* ``T_plain``, ``c_row``, ``c_tok``: measured, per batch-size bucket, from every decode
+  step: the model runner's time in the drafter (``serving/step_timing.py``) and the rest of
+  the engine loop (target forward, verification, scheduling, vLLM's bookkeeping, output
+  processing; ``serving/draft_plan.observe_costs``): the drafter's time when nobody drafts
+  (the context K/V write alone), the rest of a step that verifies nothing (a plain decode
+  step), and what each drafting request adds to the drafter's time and each verified draft
+  to the rest. Cost is modelled as linear in drafting requests and
   verified drafts, which is what a CPU measures; on a GPU the line is the local slope at
   the batch sizes it serves. A bucket without measurements yet runs plain probe steps (S
   empty) on every other step until it has them, and refreshes one every

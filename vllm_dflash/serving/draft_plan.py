@@ -97,6 +97,27 @@ def verified(so: Any, mro: Any) -> Iterator[tuple[str, int, int]]:
             yield rid, len(drafts) - invalid.get(rid, 0), len(sampled[i]) - 1
 
 
+# A step whose engine loop took more than this many times its runner time was not a busy
+# loop (the engine waited for requests): only its runner time is a cost sample.
+IDLE_LOOP = 3.0
+
+
+def observe_costs(policy: DraftPolicy, timings: list[Any], loop_s: float | None) -> None:
+    """Feed the policy one engine step's costs: the runner's drafter and verify times
+    (``step_timing.StepTiming``), plus the rest of the engine loop (scheduling, vLLM's
+    per-step bookkeeping, output processing: ``loop_s`` is the time from this step's
+    ``schedule`` to the next one's) counted with the verify part, which is where that
+    work grows with the drafts a step verifies. The policy then compares the engine's real
+    step rates, not just the model runner's."""
+    steps = [t for t in timings if t.decode_only and not t.drafter_faults]
+    runner = sum(t.drafter_s + t.verify_s for t in timings)
+    rest = 0.0
+    if loop_s is not None and len(timings) == len(steps) == 1 and loop_s < IDLE_LOOP * runner:
+        rest = max(loop_s - runner, 0.0)
+    for t in steps:
+        policy.observe_step(t.batch, t.drafting, t.drafter_s, t.verified, t.verify_s + rest)
+
+
 def observe(policy: DraftPolicy, so: Any, mro: Any) -> None:
     for rid, drafted, accepted in verified(so, mro):
         policy.observe_verify(rid, drafted, accepted)

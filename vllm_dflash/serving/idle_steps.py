@@ -41,50 +41,40 @@ def plain_sampling(sample):
 
 
 def sparing_drafting(propose_draft_token_ids):
+    import inspect
+
     from vllm_dflash.serving.drafter_faults import no_drafts
     from vllm_dflash.serving.proposer import DFlashProposer
 
-    # The parameters by position, as vLLM passes them: the seam checks their names and
-    # order (``inspect.Signature.bind`` costs more than the rest of an idle step's glue).
-    def propose_draft_token_ids_sparing(
-        self,
-        scheduler_output,
-        sampled_token_ids,
-        sampling_metadata,
-        hidden_states,
-        sample_hidden_states,
-        aux_hidden_states,
-        spec_decode_metadata,
-        common_attn_metadata,
-        *args,
-        **kwargs,
-    ):
+    # vLLM passes the arguments by position, in the order the seam checks; reading them by
+    # index is what an idle step can afford (``inspect.Signature.bind`` costs more than the
+    # rest of its glue), with the bind kept for a caller that passes names.
+    signature = inspect.signature(propose_draft_token_ids)
+    names = list(signature.parameters)[1:]  # after self
+    aux_at, cad_at = names.index("aux_hidden_states"), names.index("common_attn_metadata")
+
+    def propose_draft_token_ids_sparing(self, *args, **kwargs):
+        if len(args) > cad_at:
+            so, aux, cad = args[0], args[aux_at], args[cad_at]
+        else:
+            a = signature.bind(self, *args, **kwargs).arguments
+            so, aux, cad = (
+                a["scheduler_output"],
+                a["aux_hidden_states"],
+                a["common_attn_metadata"],
+            )
         drafter = self.drafter
         if (
-            aux_hidden_states is not None
-            and not any(scheduler_output.scheduled_spec_decode_tokens.values())
+            aux is not None
+            and not any(so.scheduled_spec_decode_tokens.values())
             and draft_plan.nobody_drafts()
             and isinstance(drafter, DFlashProposer)
         ):
-            n = scheduler_output.total_num_scheduled_tokens
+            n = so.total_num_scheduled_tokens
             drafter.context_only(
-                torch.cat([h[:n] for h in aux_hidden_states], dim=-1),
-                self._get_positions(n),
-                common_attn_metadata,
+                torch.cat([h[:n] for h in aux], dim=-1), self._get_positions(n), cad
             )
             return no_drafts(self)  # empty lists: nothing to copy, nothing to verify
-        return propose_draft_token_ids(
-            self,
-            scheduler_output,
-            sampled_token_ids,
-            sampling_metadata,
-            hidden_states,
-            sample_hidden_states,
-            aux_hidden_states,
-            spec_decode_metadata,
-            common_attn_metadata,
-            *args,
-            **kwargs,
-        )
+        return propose_draft_token_ids(self, *args, **kwargs)
 
     return propose_draft_token_ids_sparing

@@ -10,10 +10,11 @@
   ``adaptive/policy.py``), so the step runs as plain decoding and its time is a sample of
   the no-speculation step time (``observability/baseline.py``).
 * ``update_from_output``: the runner's ``StepTiming`` records (``step_timing.py``) go to
-  the controller and, as the per-step payload, into the ``SchedulerStats`` vLLM sends to the
-  API server, in one added dataclass field (seam ``scheduler_stats``), where our stat logger
-  reads them (``stat_logger.py``). The payload is a plain dict: it crosses vLLM's msgpack
-  transport.
+  the controller, to the draft policy together with the whole engine loop's time (taken at
+  the next ``schedule``, ``draft_plan.observe_costs``), and, as the per-step payload, into
+  the ``SchedulerStats`` vLLM sends to the API server, in one added dataclass field (seam
+  ``scheduler_stats``), where our stat logger reads them (``stat_logger.py``). The payload
+  is a plain dict: it crosses vLLM's msgpack transport.
 
   * ``drafter_s`` / ``verify_s``: per step, the runner's time in our drafter and the rest;
   * ``baseline``: ``[decode batch, seconds]`` for each plain decode step (nothing verified):
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +55,8 @@ class SchedulerState:
     step: int = 0
     no_verify: set[int] = field(default_factory=set)  # ids of outputs scheduled without drafts
     carry: list[list[float]] = field(default_factory=list)  # baseline samples not yet sent
+    started: float | None = None  # when the current step's schedule began
+    costs: list[StepTiming] = field(default_factory=list)  # its runner records, for the policy
 
 
 def install() -> None:
@@ -107,6 +111,10 @@ def _schedule(schedule):
         if st is None:
             return schedule(self, *args, **kwargs)
         if st.drafts is not None:
+            now = time.perf_counter()
+            if st.started is not None:  # the previous step's whole loop is over
+                draft_plan.observe_costs(st.drafts, st.costs, now - st.started)
+            st.started, st.costs = now, []
             draft_plan.cut_drafts(self.running, st.lengths)
         due = False
         if st.policy is not None:
@@ -143,9 +151,7 @@ def _update(update):
             adaptive_gamma.observe(st.controller, scheduler_output, model_runner_output, timings)
         if st.drafts is not None:
             draft_plan.observe(st.drafts, scheduler_output, model_runner_output)
-            for t in timings:
-                if t.decode_only and not t.drafter_faults:
-                    st.drafts.observe_step(t.batch, t.drafting, t.drafter_s, t.verified, t.verify_s)
+            st.costs += timings  # observed once the loop's time is known (next schedule)
         outputs = update(self, scheduler_output, model_runner_output)
         if st.policy is None:
             return outputs
