@@ -8,9 +8,14 @@ answered by the step drafting nothing, and the output is what no speculation giv
   step, vLLM's preparation of the drafter's inputs included, runs inside the guard. On a
   fault every request gets no drafts for the next step (empty lists). Under async
   scheduling the scheduler has already reserved K placeholder drafts per request, so they
-  get vLLM's own fallback instead, K zeros, which the verifier rejects like any miss.
-* Runner V2 (``v2/speculator.py``): the step's draft buffer is zeroed and returned, the
-  same fallback (runner V2's drafts are a fixed [requests, K] tensor).
+  get vLLM's own fallback instead, K zeros with no draft probabilities, which the verifier
+  treats as any draft it did not sample (lossless, but the zeros are verified: once
+  drafting is off, every async step pays for K drafts that rarely land).
+* Runner V2 (GPU vLLM's default) is not covered yet: a faulted step there still ends the
+  engine. Its drafts are a fixed [requests, K] buffer and, for sampled requests, the
+  rejection sampler divides by draft probabilities it caches from the drafter; a fallback
+  draft would meet stale probabilities, which is not lossless, and no GPU run here could
+  show a fallback that is.
 
 Each fault is counted (``vllm_dflash_drafter_faults_total``, through the step records of
 ``step_timing.py``); the first fault of each kind is logged with its traceback, later ones
