@@ -15,25 +15,18 @@ from __future__ import annotations
 import random
 
 import pytest
-from serving_harness import run_engine
-
-from vllm_dflash.testing.distill import distill
+from serving_harness import distilled_drafter, random_prompts, run_engine
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("draft_policy_engine")]
 K = 7
 MAX_NEW = 40
 
 
-def _prompts(seed: int, n: int, lo: int, hi: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 127) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-PARITY = _prompts(1234, 32, 1, 40)  # the distilled drafter's training prompts
-MIXED = _prompts(99, 48, 1, 200)
+PARITY = random_prompts(1234, 32, 1, 40)  # the distilled drafter's training prompts
+MIXED = random_prompts(99, 48, 1, 200)
 MIXED_MAX = [random.Random(i).randint(5, 60) for i in range(48)]
 SEEDED = PARITY[0]
-OTHERS = _prompts(5, 7, 5, 30)
+OTHERS = random_prompts(5, 7, 5, 30)
 POLICY_ENV = {
     "VLLM_DFLASH_DRAFT_POLICY": "auto",
     "VLLM_DFLASH_POLICY_FIRST_PROBE": "1",
@@ -63,8 +56,8 @@ def _seeded_jobs() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def drafter_dir(target, drafter_dirs, tmp_path_factory):
-    return distill(
-        target, drafter_dirs[8], tmp_path_factory.mktemp("distilled") / "b8", PARITY, steps=600
+    return distilled_drafter(
+        target, drafter_dirs[8], tmp_path_factory.mktemp("distilled") / "b8", PARITY
     )
 
 

@@ -13,25 +13,16 @@ are sent twice, and their shared prefix ends in the middle of a block. Then:
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from serving_harness import mean_acceptance_length, run_engine
-
-from vllm_dflash.testing.distill import distill
+from serving_harness import distilled_drafter, mean_acceptance_length, random_prompts, run_engine
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("prefix_caching")]
 K = 7
 NEW = 24
 
 
-def _prompts(seed: int, n: int, lo: int, hi: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 127) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-SHARED = _prompts(21, 1, 80, 80)[0]  # 2.5 blocks of 32: hits end in the middle of a block
-PROMPTS = [SHARED + tail for tail in _prompts(22, 8, 3, 40)]
+SHARED = random_prompts(21, 1, 80, 80)[0]  # 2.5 blocks of 32: hits end in the middle of a block
+PROMPTS = [SHARED + tail for tail in random_prompts(22, 8, 3, 40)]
 JOBS = [
     {"name": "first", "prompts": PROMPTS, "max_tokens": NEW, "concurrency": 1},
     {"name": "again", "prompts": PROMPTS, "max_tokens": NEW, "concurrency": 1},
@@ -43,7 +34,7 @@ ENGINE = {"block_size": 32, "enable_prefix_caching": True}
 def drafter_dir(target, drafter_dirs, tmp_path_factory):
     """Distilled on these prompts, so that drafts are often right and a worse context
     shows as lower acceptance."""
-    return distill(target, drafter_dirs[8], tmp_path_factory.mktemp("d") / "b8", PROMPTS, steps=600)
+    return distilled_drafter(target, drafter_dirs[8], tmp_path_factory.mktemp("d") / "b8", PROMPTS)
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,10 @@ import random
 from pathlib import Path
 
 import pytest
-from serving_harness import mean_acceptance_length, run_engine
+from serving_harness import distilled_drafter, mean_acceptance_length, random_prompts, run_engine
 
 from vllm_dflash.reference.drafter import ReferenceDrafter
 from vllm_dflash.reference.generate import spec_generate, target_generate
-from vllm_dflash.testing.distill import distill
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("serving_greedy")]
 MAX_NEW = 37
@@ -26,17 +25,12 @@ CHUNK = 128
 PROBES = Path(__file__).parent / "fixtures"
 
 
-def _prompts(seed: int, n: int, lo: int, hi: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 127) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-PARITY = _prompts(1234, 32, 1, 40)
-LONG = _prompts(7, 4, 100, 300)  # 4..10 KV blocks each
-SHARED = _prompts(11, 1, 64, 64)[0]  # two full KV blocks, cached after the first request
-PREFIX = [SHARED + p for p in _prompts(12, 6, 1, 20)]
+PARITY = random_prompts(1234, 32, 1, 40)
+LONG = random_prompts(7, 4, 100, 300)  # 4..10 KV blocks each
+SHARED = random_prompts(11, 1, 64, 64)[0]  # two full KV blocks, cached after the first request
+PREFIX = [SHARED + p for p in random_prompts(12, 6, 1, 20)]
 ABORTED = [1, 4, 6]
-MIXED = _prompts(99, 64, 1, 200)
+MIXED = random_prompts(99, 64, 1, 200)
 MIXED_MAX = [random.Random(i).randint(5, 60) for i in range(64)]
 STOP_MAX = [1, 2, 3, 5, 6, 7, 8, 9]  # inside the first or second draft block
 
@@ -65,8 +59,8 @@ def drafter_dir(target, drafter_dirs, tmp_path_factory):
     """The block-8 drafter trained on the parity prompts by the training pipeline, so that
     it is often accepted: a drafter that is never right would give acceptance ~1 even if
     fed the wrong context. Its export is what both our plugin and vLLM's built-in load."""
-    return distill(
-        target, drafter_dirs[8], tmp_path_factory.mktemp("distilled") / "b8", PARITY, steps=600
+    return distilled_drafter(
+        target, drafter_dirs[8], tmp_path_factory.mktemp("distilled") / "b8", PARITY
     )
 
 
