@@ -64,7 +64,10 @@ def test_images_pin_the_supported_vllm():
     ]
     (cpu_pin,) = extras["cpu"]
     assert cpu_pin in CPU.read_text()
-    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", dockerfile_arg(CPU, "PYTHON_IMAGE"))
+    # Tag and digest: the tag says which release, the digest makes a rebuild reproducible.
+    assert re.fullmatch(
+        r"python:3\.11\.\d+-slim-\w+@sha256:[0-9a-f]{64}", dockerfile_arg(CPU, "PYTHON_IMAGE")
+    )
 
 
 @pytest.mark.parametrize("path", [GPU, CPU], ids=["gpu", "cpu"])
