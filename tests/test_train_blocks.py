@@ -51,14 +51,27 @@ def test_random_anchors_reach_every_response_position():
 def test_block_inputs():
     seqs = torch.arange(100, 120)[None].repeat(2, 1)  # token at position i is 100 + i
     anchors = torch.tensor([[3, 15], [16, -1]])
-    ids, pos, labels = blocks.block_inputs(seqs, anchors, 4, mask_id=7)
+    full = torch.tensor([20, 20])
+    ids, pos, labels = blocks.block_inputs(seqs, full, anchors, 4, mask_id=7)
     assert ids.tolist() == [[103, 7, 7, 7, 115, 7, 7, 7], [116, 7, 7, 7, 100, 7, 7, 7]]
     assert pos[0].tolist() == [3, 4, 5, 6, 15, 16, 17, 18]
     assert labels[0].tolist() == [[104, 105, 106], [116, 117, 118]]
     # past the end of the sequence (length 20) and a padding block: ignored
     assert labels[1].tolist() == [[117, 118, 119], [-100, -100, -100]]
-    short = blocks.block_inputs(seqs[:, :18], torch.tensor([[15]]).repeat(2, 1), 4, 7)[2]
+    short = blocks.block_inputs(
+        seqs[:, :18], torch.tensor([18, 18]), torch.tensor([[15]]).repeat(2, 1), 4, 7
+    )[2]
     assert short[0].tolist() == [[116, 117, -100]]
+
+
+def test_padding_of_a_shorter_sequence_is_never_a_label():
+    """In a batch padded to its longest sequence, a block near the end of a shorter one
+    labels only that sequence's own tokens (the pad id would otherwise be trained)."""
+    seqs = torch.arange(100, 120)[None].repeat(2, 1)
+    seqs[1, 12:] = 0  # the second sequence has 12 tokens, then padding
+    anchors = torch.tensor([[9], [9]])
+    labels = blocks.block_inputs(seqs, torch.tensor([20, 12]), anchors, 4, 7)[2]
+    assert labels.tolist() == [[[110, 111, 112]], [[110, 111, -100]]]
 
 
 def _brute_force_mask(anchors: list[list[int]], ctx_len: int, block: int) -> torch.Tensor:
@@ -151,7 +164,7 @@ def test_many_blocks_in_one_forward_equal_drafting_each_alone():
     T = 60
     seqs = torch.randint(0, 49, (1, T))
     anchors = torch.tensor([[3, 17, 18, 40, 58]])
-    ids, pos, _ = blocks.block_inputs(seqs, anchors, block, mask_id=49)
+    ids, pos, _ = blocks.block_inputs(seqs, torch.tensor([T]), anchors, block, mask_id=49)
     emb = torch.nn.Embedding(50, 64)
     feats = torch.randn(1, T, cfg.feature_size)
     with torch.no_grad():

@@ -133,6 +133,16 @@ def test_resume_refuses_a_checkpoint_that_would_run_code(target_dir, data, tmp_p
     assert not (tmp_path / "ran").exists()
 
 
+def test_resume_refuses_a_checkpoint_of_the_older_format(target_dir, data, tmp_path):
+    Trainer(_cfg(target_dir, data, tmp_path / "old", steps=2)).run()
+    path = tmp_path / "old" / CHECKPOINT
+    state = load_state(path)
+    del state["format"]  # format 1 had no such key
+    torch.save(state, path)
+    with pytest.raises(DFlashConfigError, match="older vllm-dflash.*format 1.*Fix"):
+        Trainer(_cfg(target_dir, data, tmp_path / "old", steps=2, resume=True))
+
+
 @pytest.mark.parametrize("bad", ["../outside.npy", "/tmp/outside.npy", 7])
 def test_feature_shards_must_stay_in_their_directory(tmp_path, bad):
     import numpy as np

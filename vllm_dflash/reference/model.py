@@ -205,6 +205,19 @@ class DFlashDrafter(nn.Module):
         for i, (k, v) in enumerate(self.context_kv(target_features, positions)):
             cache.append(i, k, v)
 
+    def forward(
+        self,
+        target_features: torch.Tensor,  # [b, t, F]
+        context_positions: torch.Tensor,  # [b, t]
+        block_embeds: torch.Tensor,  # [b, s, h]
+        positions: torch.Tensor,  # [b, s]
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The training step's pass: context K/V of every position, then all blocks at once
+        (``train/blocks.py`` builds the mask). One call, so DDP and FSDP see a forward."""
+        ctx_kv = self.context_kv(target_features, context_positions)
+        return self.forward_block(block_embeds, positions, ctx_kv, attn_mask)
+
     def forward_block(
         self,
         block_embeds: torch.Tensor,

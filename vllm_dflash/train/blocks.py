@@ -49,11 +49,14 @@ def sample_anchors(
 
 
 def block_inputs(
-    seqs: torch.Tensor, anchors: torch.Tensor, block: int, mask_id: int
+    seqs: torch.Tensor,  # [b, T] right-padded token ids
+    lengths: torch.Tensor,  # [b] each sequence's own length (<= T)
+    anchors: torch.Tensor,  # [b, n], -1 = padding block
+    block: int,
+    mask_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Block token ids, positions and labels for padded sequences [b, T] and anchors [b, n]
-    (-1 = padding block). Returns ids/positions [b, n*B] and labels [b, n, B-1] (-100 where
-    the label is past the sequence, pad, or in a padding block)."""
+    """Block token ids and positions [b, n*B], and labels [b, n, B-1]: -100 where the label
+    is past its own sequence's end (padding is never a label) or in a padding block."""
     b, n = anchors.shape
     offs = torch.arange(block)
     pos = anchors.clamp(min=0)[:, :, None] + offs  # [b, n, B]
@@ -62,7 +65,7 @@ def block_inputs(
     target_pos = pos[:, :, 1:]
     T = seqs.shape[1]
     labels = seqs.gather(1, target_pos.clamp(max=T - 1).reshape(b, -1)).view(b, n, block - 1)
-    invalid = (target_pos >= T) | (anchors[:, :, None] < 0)
+    invalid = (target_pos >= lengths[:, None, None]) | (anchors[:, :, None] < 0)
     labels = labels.masked_fill(invalid, -100)
     return ids.view(b, -1), pos.view(b, -1), labels
 

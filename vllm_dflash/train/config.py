@@ -56,7 +56,9 @@ class TrainConfig(JsonConfig):
 
     # optimisation
     steps: int = Field(1000, ge=1, description="optimizer steps")
-    batch_size: int = Field(8, ge=1, description="sequences per micro-batch")
+    batch_size: int = Field(
+        8, ge=1, description="sequences per micro-batch, over all ranks together"
+    )
     grad_accum: int = Field(1, ge=1)
     lr: float = Field(6e-4, gt=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
@@ -66,6 +68,11 @@ class TrainConfig(JsonConfig):
     dtype: Literal["fp32", "bf16"] = "fp32"
     max_seq_len: int = Field(1024, ge=8)
     seed: int = 0
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="under torchrun: ddp (a replica per rank) or fsdp (weights, gradients "
+        "and optimizer state sharded over ranks)",
+    )
 
     # bookkeeping
     eval_every: int = Field(200, ge=0, description="steps between evals; 0 = only at the end")
@@ -73,6 +80,9 @@ class TrainConfig(JsonConfig):
     eval_max_tokens: int = Field(64, ge=1)
     save_every: int = Field(200, ge=0, description="steps between checkpoints; 0 = end only")
     resume: bool = Field(False, description="continue from out/checkpoint")
+    stop_after: int | None = Field(
+        None, ge=1, description="stop after this step with a checkpoint; --resume continues"
+    )
     export_dtype: Literal["float32", "bfloat16"] = "float32"
 
     @model_validator(mode="after")

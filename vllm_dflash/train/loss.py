@@ -7,6 +7,8 @@ w_k = exp(-(k-1)/gamma_d).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -36,6 +38,33 @@ def decay_weights(block_size: int, gamma: float | None) -> torch.Tensor:
     return torch.exp(-(k - 1) / gamma)
 
 
+@dataclass
+class LossSums:
+    """One micro-batch's loss as sums, so that slices of a global batch (one per rank) add
+    up to the whole batch's loss and accuracy."""
+
+    weighted_ce: torch.Tensor  # [] sum of w_k * CE over labelled slots (carries the graph)
+    weight: torch.Tensor  # [] sum of w_k over labelled slots
+    hits: torch.Tensor  # [B-1] top-1 hits per slot
+    labelled: torch.Tensor  # [B-1] labelled slots per slot
+
+
+def block_loss_sums(
+    logits: torch.Tensor,  # [b, n, B-1, V]
+    labels: torch.Tensor,  # [b, n, B-1], -100 = ignore
+    weights: torch.Tensor,  # [B-1]
+) -> LossSums:
+    """Weighted CE over mask slots, and top-1 hits, as sums over the batch."""
+    ce = F.cross_entropy(
+        logits.float().flatten(0, 2), labels.flatten(), ignore_index=-100, reduction="none"
+    ).view(labels.shape)
+    valid = (labels != -100).float()
+    w = weights.to(ce.device) * valid
+    with torch.no_grad():
+        hits = ((logits.argmax(-1) == labels).float() * valid).sum((0, 1))
+    return LossSums((ce * w).sum(), w.sum().detach(), hits, valid.sum((0, 1)))
+
+
 def block_loss(
     logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,13 +73,5 @@ def block_loss(
     logits [b, n, B-1, V], labels [b, n, B-1] (-100 = ignore), weights [B-1]. Returns the
     loss (weighted mean over labelled slots) and per-slot top-1 accuracy [B-1] (NaN where no
     slot was labelled) for logging."""
-    ce = F.cross_entropy(
-        logits.float().flatten(0, 2), labels.flatten(), ignore_index=-100, reduction="none"
-    ).view(labels.shape)
-    valid = (labels != -100).float()
-    w = weights.to(ce.device) * valid
-    loss = (ce * w).sum() / w.sum().clamp(min=1e-9)
-    with torch.no_grad():
-        hit = (logits.argmax(-1) == labels).float() * valid
-        acc = hit.sum((0, 1)) / valid.sum((0, 1))
-    return loss, acc
+    s = block_loss_sums(logits, labels, weights)
+    return s.weighted_ce / s.weight.clamp(min=1e-9), s.hits / s.labelled

@@ -12,15 +12,18 @@ Only the drafter trains; the target's embedding and LM head are used, never stor
 drafter is exported in the z-lab format (config.json + model.safetensors) that vLLM's
 built-in ``dflash`` and our plugin both load. A checkpoint holds the model, optimizer,
 schedule, every RNG and the log, so a resumed run continues the same loss curve.
+
+Under ``torchrun`` the ranks share each global micro-batch (``distributed.py``): the same
+curve at any number of ranks, and checkpoints that resume on another number.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import pickle
 import random
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,17 +37,21 @@ from vllm_dflash.errors import DFlashConfigError, DFlashDataError
 from vllm_dflash.reference.drafter import ReferenceDrafter
 from vllm_dflash.reference.model import DFlashDrafter
 from vllm_dflash.reference.target import HFTarget
-from vllm_dflash.train import blocks
+from vllm_dflash.train import blocks, distributed
 from vllm_dflash.train.config import TrainConfig
 from vllm_dflash.train.drafter_init import new_drafter_config
 from vllm_dflash.train.features import OfflineFeatures, target_features
-from vllm_dflash.train.loss import block_loss, decay_weights, default_gamma
+from vllm_dflash.train.loss import LossSums, block_loss_sums, decay_weights, default_gamma
 from vllm_dflash.train.records import encode_prompt, read_prompts, read_samples
 
 CHECKPOINT = "checkpoint/state.pt"
+# 2: model and optimizer states keyed by parameter name, unsharded (any number of ranks).
+CHECKPOINT_FORMAT = 2
 # Settings a resumed run may change: they do not touch the weights or the loss curve.
 _BOOKKEEPING = {
     "resume",
+    "stop_after",
+    "parallel",
     "eval_every",
     "save_every",
     "eval_num_prompts",
@@ -111,8 +118,10 @@ def drafter_config(cfg: TrainConfig) -> DrafterConfig:
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+        self.ranks = distributed.from_env()
+        distributed.check_batch(cfg.batch_size, self.ranks)
         self.dcfg = drafter_config(cfg)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = distributed.device(self.ranks)
         # bf16 runs keep the frozen target in bf16 too (half the memory); fp32 master
         # weights for the drafter either way.
         target_dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
@@ -130,11 +139,13 @@ class Trainer:
         if self.features is not None:
             self.features.check(self.layers, [s.id for s in self.samples])
 
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = DFlashDrafter(self.dcfg).to(self.device)
         if cfg.init_from is not None:
             self.model.load_state_dict(load_drafter_checkpoint(cfg.init_from).state_dict)
         self.model.float().train()
+        # DDP wraps the drafter; FSDP shards it in place (before the optimizer sees it).
+        self.step_model = distributed.wrap(self.model, self.ranks, cfg.parallel)
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95)
         )
@@ -177,7 +188,7 @@ class Trainer:
                 too_short += 1
                 continue
             samples.append(Sample(str(r.data.get("id", r.id)), p, ids))
-        if too_short:
+        if too_short and self.ranks.main:
             print(f"warning: {too_short} samples have no response inside max_seq_len; skipped")
         if cfg.eval_prompts is not None:
             from transformers import AutoTokenizer
@@ -211,24 +222,28 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------
 
-    def batch_loss(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Loss and per-slot accuracy of one micro-batch."""
+    def batch_loss(self, batch: list[Sample]) -> LossSums:
+        """This rank's share of one global micro-batch ``batch``, as loss sums."""
         dev, B = self.device, self.block
-        T = max(len(s.ids) for s in batch)
-        seqs = torch.zeros(len(batch), T, dtype=torch.long)
-        for i, s in enumerate(batch):
-            seqs[i, : len(s.ids)] = torch.tensor(s.ids)
-        per_seq = [
+        # Every rank draws the anchors of the whole batch: the random streams stay the same
+        # on all ranks, whatever their number.
+        anchors_of = [
             blocks.sample_anchors(
                 self.rng, s.prompt_len, len(s.ids), B, self.cfg.blocks_per_seq, self.cfg.anchors
             )
             for s in batch
         ]
+        batch, per_seq = self.ranks.slice(batch), self.ranks.slice(anchors_of)
+        T = max(len(s.ids) for s in batch)
+        seqs = torch.zeros(len(batch), T, dtype=torch.long)
+        for i, s in enumerate(batch):
+            seqs[i, : len(s.ids)] = torch.tensor(s.ids)
         n = max(len(a) for a in per_seq)
         anchors = torch.full((len(batch), n), -1, dtype=torch.long)
         for i, a in enumerate(per_seq):
             anchors[i, : len(a)] = torch.tensor(a, dtype=torch.long)
-        ids, pos, labels = blocks.block_inputs(seqs, anchors, B, self.dcfg.mask_token_id)
+        lengths = torch.tensor([len(s.ids) for s in batch])
+        ids, pos, labels = blocks.block_inputs(seqs, lengths, anchors, B, self.dcfg.mask_token_id)
         seqs, anchors, ids, pos, labels = (x.to(dev) for x in (seqs, anchors, ids, pos, labels))
 
         if self.features is None:
@@ -247,11 +262,19 @@ class Trainer:
         autocast = torch.autocast(dev.type, torch.bfloat16, enabled=self.cfg.dtype == "bf16")
         with autocast:
             ctx_pos = torch.arange(T, device=dev).expand(len(batch), T)
-            ctx_kv = self.model.context_kv(feats.float(), ctx_pos)
-            hidden = self.model.forward_block(embeds.float(), pos, ctx_kv, attn_mask=mask)
+            hidden = self.step_model(feats.float(), ctx_pos, embeds.float(), pos, mask)
             hidden = hidden.view(len(batch), n, B, -1)[:, :, 1:]  # the anchor slot predicts
             logits = self.target.lm_head(hidden.to(self.target.dtype))  # nothing
-        return block_loss(logits, labels, self.weights)
+        return block_loss_sums(logits, labels, self.weights)
+
+    def _sync_gradients(self, sync: bool):
+        """Gradients reduce over ranks only after the last micro-batch of a step."""
+        if sync or self.ranks.world == 1:
+            return nullcontext()
+        if isinstance(self.step_model, torch.nn.parallel.DistributedDataParallel):
+            return self.step_model.no_sync()
+        self.step_model.set_requires_gradient_sync(False)  # FSDP
+        return _resync(self.step_model)
 
     def _next_batch(self) -> list[Sample]:
         idx = torch.randint(len(self.samples), (self.cfg.batch_size,), generator=self.data_gen)
@@ -260,12 +283,22 @@ class Trainer:
     def train_step(self) -> tuple[float, torch.Tensor]:
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
-        total, accs = 0.0, []
-        for _ in range(self.cfg.grad_accum):
-            loss, acc = self.batch_loss(self._next_batch())
-            (loss / self.cfg.grad_accum).backward()
-            total += loss.item() / self.cfg.grad_accum
-            accs.append(acc)
+        total, accs, accum, world = 0.0, [], self.cfg.grad_accum, self.ranks.world
+        for micro in range(accum):
+            # DDP decides at the forward whether the backward reduces: both go inside.
+            with self._sync_gradients(micro == accum - 1):
+                sums = self.batch_loss(self._next_batch())
+                # One reduction for the whole global batch's weight, loss and hits.
+                packed = torch.cat(
+                    [sums.weighted_ce.detach()[None], sums.weight[None], sums.hits, sums.labelled]
+                )
+                packed = distributed.all_sum(packed, self.ranks)
+                weight = packed[1].clamp(min=1e-9)
+                # DDP and FSDP average gradients over ranks: x world gives the global batch's.
+                (sums.weighted_ce * (world / (weight * accum))).backward()
+            total += (packed[0] / weight).item() / accum
+            k = sums.hits.numel()
+            accs.append(packed[2 : 2 + k] / packed[2 + k :])
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.opt.step()
         self.sched.step()
@@ -277,9 +310,18 @@ class Trainer:
 
     # -- eval, checkpoint, export --------------------------------------------------------
 
-    def evaluate(self) -> AcceptanceReport:
-        model = copy.deepcopy(self.model).to(self.target.dtype)
-        drafter = ReferenceDrafter(model, self.target)
+    def _full_states(self) -> tuple[dict, dict]:
+        """Unsharded model and optimizer states (collective: every rank calls it; with
+        several ranks only rank 0's are filled)."""
+        return distributed.full_states(self.model, self.opt)
+
+    def evaluate(self, model_state: dict | None = None) -> AcceptanceReport:
+        """Acceptance length on the eval prompts (rank 0's job)."""
+        if model_state is None:
+            model_state = self._full_states()[0]
+        model = DFlashDrafter(self.dcfg).to(self.device)
+        model.load_state_dict(model_state)
+        drafter = ReferenceDrafter(model.to(self.target.dtype).eval(), self.target)
         eos = self.target.model.config.eos_token_id
         stop = [eos] if isinstance(eos, int) else list(eos or [])
         report = measure(self.target, drafter, self.eval_prompts, self.cfg.eval_max_tokens, stop)
@@ -292,12 +334,14 @@ class Trainer:
         )
         return report
 
-    def _state(self) -> dict:
+    def _state(self, model_state: dict, opt_state: dict) -> dict:
         return {
+            "format": CHECKPOINT_FORMAT,
+            "world_size": self.ranks.world,  # for the record: any number resumes it
             "step": self.step,
             "config": self.cfg.model_dump(mode="json", exclude=_BOOKKEEPING),
-            "model": self.model.state_dict(),
-            "opt": self.opt.state_dict(),
+            "model": model_state,
+            "opt": opt_state,
             "sched": self.sched.state_dict(),
             "rng": self.rng.getstate(),
             "data_gen": self.data_gen.get_state(),
@@ -305,12 +349,16 @@ class Trainer:
             "log": self.log,
         }
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self, states: tuple[dict, dict] | None = None) -> Path:
+        """Every rank calls it; rank 0 writes."""
         path = self.cfg.out / CHECKPOINT
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(self._state(), tmp)
-        tmp.replace(path)  # never leave a half-written checkpoint behind
+        states = states or self._full_states()
+        if self.ranks.main:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            torch.save(self._state(*states), tmp)
+            tmp.replace(path)  # never leave a half-written checkpoint behind
+        distributed.barrier(self.ranks)  # nobody reads it before it is whole
         return path
 
     def _load_checkpoint(self) -> None:
@@ -321,6 +369,12 @@ class Trainer:
                 "start fresh, or point --out at the run to continue"
             )
         st = load_state(path)
+        if st.get("format") != CHECKPOINT_FORMAT:
+            raise DFlashConfigError(
+                f"{path} was written by an older vllm-dflash (checkpoint format "
+                f"{st.get('format', 1)}, this one reads {CHECKPOINT_FORMAT}). Fix: resume it "
+                "with the version that wrote it, or start fresh from its export (--init-from)"
+            )
         now = self.cfg.model_dump(mode="json", exclude=_BOOKKEEPING)
         changed = sorted(k for k in now if st["config"].get(k) != now[k])
         if changed:
@@ -328,18 +382,21 @@ class Trainer:
                 f"{path} was written with different settings for {changed}; resuming would "
                 "not continue the same run. Fix: use the original settings or a new out"
             )
-        self.model.load_state_dict(st["model"])
-        self.opt.load_state_dict(st["opt"])
+        distributed.load_full_states(self.model, self.opt, st["model"], st["opt"])
         self.sched.load_state_dict(st["sched"])
         self.rng.setstate(st["rng"])
         self.data_gen.set_state(st["data_gen"])
         torch.set_rng_state(st["torch_rng"])
         self.step, self.log = st["step"], st["log"]
-        print(f"resumed {path} at step {self.step}")
+        if self.ranks.main:
+            print(f"resumed {path} at step {self.step} (written by {st['world_size']} rank(s))")
 
-    def export(self) -> Path:
+    def export(self, model_state: dict | None = None) -> Path:
+        """Rank 0's job: the drafter, the log and the plot."""
+        if model_state is None:
+            model_state = self._full_states()[0]
         dtype = getattr(torch, self.cfg.export_dtype)
-        state = {k: v.detach().to("cpu", dtype) for k, v in self.model.state_dict().items()}
+        state = {k: v.detach().to("cpu", dtype) for k, v in model_state.items()}
         out = save_drafter_checkpoint(self.cfg.out, self.dcfg, state)
         meta = {
             "gamma": self.gamma,
@@ -353,25 +410,41 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------
 
     def run(self, until: int | None = None) -> Path:
-        """Train to ``cfg.steps`` (or stop after step ``until``), then export."""
-        cfg = self.cfg
-        end = min(cfg.steps, until or cfg.steps)
-        bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step")
+        """Train to ``cfg.steps`` (or stop after step ``until`` / ``cfg.stop_after``), then
+        save a checkpoint and export."""
+        cfg, main = self.cfg, self.ranks.main
+        end = min(cfg.steps, until or cfg.steps, cfg.stop_after or cfg.steps)
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not main)
         tau = ""
         while self.step < end:
             loss, acc = self.train_step()
             bar.update(1)
-            if cfg.eval_every and self.step % cfg.eval_every == 0:
-                tau = f"{self.evaluate().acceptance_length:.2f}"
-            if cfg.save_every and self.step % cfg.save_every == 0:
-                self.save_checkpoint()
+            evals = cfg.eval_every and self.step % cfg.eval_every == 0
+            saves = cfg.save_every and self.step % cfg.save_every == 0
+            if evals or saves:
+                states = self._full_states()
+                if evals and main:
+                    tau = f"{self.evaluate(states[0]).acceptance_length:.2f}"
+                if saves:
+                    self.save_checkpoint(states)
             bar.set_postfix(loss=f"{loss:.3f}", acc1=f"{acc[0]:.2f}", tau=tau)
         bar.close()
+        states = self._full_states()
         evaluated = self.log["eval"] and self.log["eval"][-1]["step"] == self.step
-        if self.step >= cfg.steps and not evaluated:
-            self.evaluate()
-        self.save_checkpoint()
-        return self.export()
+        if self.step >= cfg.steps and not evaluated and main:
+            self.evaluate(states[0])
+        self.save_checkpoint(states)
+        out = self.export(states[0]) if main else self.cfg.out
+        distributed.barrier(self.ranks)
+        return out
+
+
+@contextmanager
+def _resync(model):
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def plot_training(log: dict, path: Path) -> None:
