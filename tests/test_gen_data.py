@@ -19,8 +19,8 @@ TEXTS = ["def add(a, b):", "import os", "x = [1, 2", "class A:", "for i in", "wh
 MAX = 24
 
 
-def _gen(target_dir, prompts, out) -> subprocess.CompletedProcess:
-    args = [str(CLI), "gen-data", "--target", str(target_dir), "--prompts", str(prompts)]
+def _gen(target_dir, prompts, out, *more: str) -> subprocess.CompletedProcess:
+    args = [str(CLI), "gen-data", "--target", str(target_dir), "--prompts", str(prompts), *more]
     args += ["--out", str(out), "--max-tokens", str(MAX), "--max-model-len", "256"]
     env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"}
     return subprocess.run(args + ["--dtype", "float32"], capture_output=True, text=True, env=env)
@@ -74,3 +74,57 @@ def test_gen_data_refuses_to_mix_sampling_settings(target_dir, tmp_path):
     out.write_text(json.dumps({"id": "a", "sampling": {"temperature": 1.0}}) + "\n")
     run = _gen(target_dir, prompts, out)
     assert run.returncode == 2 and "line 1 was generated with sampling" in run.stderr
+
+
+def test_gen_data_shards_with_the_thinking_switch_and_training_reads_the_shards(
+    target_dir, tmp_path
+):
+    """Two shard processes, thinking off: every prompt once, formatted as a server with
+    chat_template_kwargs {"enable_thinking": false} would; a shard refuses to resume with
+    the switch flipped; training reads the directory and records the format, and `eval`
+    warns when it evaluates another one."""
+    from test_prompt_format import templated_target
+    from transformers import AutoTokenizer
+
+    from vllm_dflash.train.config import TrainConfig
+    from vllm_dflash.train.records import encode_prompt
+    from vllm_dflash.train.trainer import Trainer
+
+    chat = templated_target(target_dir, tmp_path / "chat")
+    tok = AutoTokenizer.from_pretrained(str(chat))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n" for i, t in enumerate(TEXTS))
+    )
+    out = tmp_path / "shards"
+    off = ["--enable-thinking", "false", "--num-shards", "2"]
+    for i in range(2):
+        run = _gen(chat, prompts, out, *off, "--shard-index", str(i))
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert "tokens/s" in run.stdout
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["shard-00000-of-00002.jsonl", "shard-00001-of-00002.jsonl"]
+    for i, name in enumerate(files):
+        recs = [json.loads(line) for line in (out / name).read_text().splitlines()]
+        assert [r["id"] for r in recs] == [f"p{j}" for j in range(i, len(TEXTS), 2)]
+        for r in recs:
+            text = TEXTS[int(r["id"][1:])]
+            assert r["prompt_token_ids"] == encode_prompt(tok, {"prompt": text}, False)
+            assert r["prompt_format"]["enable_thinking"] is False
+    flipped = _gen(chat, prompts, out, "--enable-thinking", "true", "--num-shards", "2")
+    assert flipped.returncode == 2 and "generated with enable_thinking False" in flipped.stderr
+
+    cfg = {"target": chat, "data": out, "out": tmp_path / "drafter", "steps": 2}
+    cfg |= {"block_size": 4, "num_layers": 1, "batch_size": 2, "eval_num_prompts": 2}
+    cfg |= {"eval_every": 0, "save_every": 0, "eval_max_tokens": 8}
+    drafter = Trainer(TrainConfig.load(None, cfg)).run()
+    log = json.loads((drafter / "train_log.json").read_text())
+    assert [f["enable_thinking"] for f in log["prompt_formats"]] == [False]
+    args = [str(CLI), "eval", "--target", str(chat), "--draft", str(drafter)]
+    args += ["--prompts", str(prompts), "--max-tokens", "8", "--enable-thinking"]
+    same = subprocess.run([*args, "false"], capture_output=True, text=True)
+    other = subprocess.run([*args, "true"], capture_output=True, text=True)
+    assert same.returncode == other.returncode == 0, other.stderr[-2000:]
+    assert "warning: prompts here are formatted" not in same.stderr
+    assert "warning: prompts here are formatted with chat template" in other.stderr
+    assert "thinking on" in other.stderr and "thinking off" in other.stderr

@@ -69,6 +69,10 @@ def _gen_data(args: argparse.Namespace) -> int:
         strict=args.strict,
         max_model_len=args.max_model_len,
         dtype=args.dtype,
+        enable_thinking=args.enable_thinking,
+        num_shards=args.num_shards,
+        shard_index=args.shard_index,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     print(f"wrote {args.out}")
     return 0
@@ -130,6 +134,7 @@ def _eval(args: argparse.Namespace) -> int:
         num_prompts=args.num_prompts,
         strict=args.strict,
         json_out=args.json,
+        enable_thinking=args.enable_thinking,
     )
     print(report.table())
     return 0
@@ -139,6 +144,21 @@ def _gpu_check(args: argparse.Namespace) -> int:
     from vllm_dflash.gpu_check.run import run_check
 
     return run_check(args)
+
+
+def _add_thinking_flag(p: argparse.ArgumentParser) -> None:
+    def switch(v: str) -> bool:
+        if v.lower() not in ("true", "false"):
+            raise argparse.ArgumentTypeError(f"{v!r}: give true or false")
+        return v.lower() == "true"
+
+    p.add_argument(
+        "--enable-thinking",
+        type=switch,
+        metavar="{true,false}",
+        help="the chat template's thinking switch, as a server's chat_template_kwargs would "
+        "set it; unset: the template's default. Use what serving will use",
+    )
 
 
 def _add_train_flags(p: argparse.ArgumentParser) -> None:
@@ -194,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--strict", action="store_true", help="refuse files with bad lines")
     g.add_argument("--max-model-len", type=int)
     g.add_argument("--dtype", default="auto")
+    _add_thinking_flag(g)
+    g.add_argument("--num-shards", type=int, default=1, help="split the prompts N ways")
+    g.add_argument(
+        "--shard-index", type=int, default=0, help="this process's shard (OUT/shard-I-of-N.jsonl)"
+    )
+    g.add_argument("--tensor-parallel-size", type=int, default=1)
     g.set_defaults(func=_gen_data)
 
     t = sub.add_parser("train", help="train a DFlash drafter (flags override --config)")
@@ -216,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--num-prompts", type=int)
     e.add_argument("--strict", action="store_true")
     e.add_argument("--json", type=Path, help="write the report here")
+    _add_thinking_flag(e)
     e.set_defaults(func=_eval)
 
     from vllm_dflash.gpu_check.args import add_arguments as add_gpu_check_arguments

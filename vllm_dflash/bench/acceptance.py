@@ -10,6 +10,7 @@ counts steps whose slots 1..k were all accepted), the convention of vLLM's count
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -75,14 +76,19 @@ def evaluate(
     num_prompts: int | None = None,
     strict: bool = False,
     json_out: str | Path | None = None,
+    enable_thinking: bool | None = None,
 ) -> AcceptanceReport:
     from transformers import AutoTokenizer
 
+    from vllm_dflash.train import prompt_format
     from vllm_dflash.train.records import encode_prompt, read_prompts
 
     tok = AutoTokenizer.from_pretrained(str(target_dir))
     records = read_prompts(prompts_path, strict=strict)[:num_prompts]
-    prompts = [encode_prompt(tok, r.data) for r in records]
+    prompts = [encode_prompt(tok, r.data, enable_thinking) for r in records]
+    evaluated = {prompt_format.of(tok, r.data, enable_thinking) for r in records}
+    if warning := prompt_format.mismatch(Path(draft_dir), evaluated):
+        print(f"warning: {warning}", file=sys.stderr)
     target = HFTarget.from_pretrained(target_dir)
     drafter = ReferenceDrafter.load(draft_dir, target, block_size)
     stop = [tok.eos_token_id] if tok.eos_token_id is not None else []

@@ -22,7 +22,9 @@ class TrainConfig(JsonConfig):
 
     # what to train on
     target: Path = Field(description="target model directory (HF format, frozen)")
-    data: Path = Field(description="samples JSONL written by `vllm-dflash gen-data`")
+    data: Path = Field(
+        description="samples JSONL written by `vllm-dflash gen-data`, or its shard directory"
+    )
     out: Path = Field(description="output directory: drafter, checkpoint, log, plot")
     features: Path | None = Field(
         None, description="features directory from `vllm-dflash capture`; unset = online"

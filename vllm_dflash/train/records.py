@@ -132,18 +132,36 @@ def read_prompts(
     return read_jsonl(path, lambda d: _check_prompt(d, vocab_size), strict=strict, what="prompt")
 
 
+def sample_files(path: str | Path) -> list[Path]:
+    """``path`` itself, or the ``*.jsonl`` shards in it when it is a directory (``gen-data
+    --num-shards``), in name order."""
+    path = Path(path)
+    if not path.is_dir():
+        return [path]
+    files = sorted(path.glob("*.jsonl"))
+    if not files:
+        raise DFlashDataError(f"{path}: a directory without *.jsonl sample files")
+    return files
+
+
 def read_samples(
     path: str | Path, *, strict: bool = False, vocab_size: int | None = None
 ) -> list[Record]:
-    """Sample records. Ids must be unique, whatever ``strict`` says: offline features are
-    looked up by id, so a repeated id would train one sample on another's features."""
-    records = read_jsonl(path, lambda d: _check_sample(d, vocab_size), strict=strict, what="sample")
-    first: dict[str, int] = {}
+    """Sample records from a file or a directory of shards. Ids must be unique over all of
+    them, whatever ``strict`` says: offline features are looked up by id, so a repeated id
+    would train one sample on another's features."""
+    files = sample_files(path)
+    records, where = [], []
+    for f in files:
+        got = read_jsonl(f, lambda d: _check_sample(d, vocab_size), strict=strict, what="sample")
+        records += got
+        where += [f"line {r.line}" if len(files) == 1 else f"{f.name} line {r.line}" for r in got]
+    first: dict[str, str] = {}
     repeated = []
-    for r in records:
+    for r, at in zip(records, where, strict=True):
         if r.id in first:
-            repeated.append(f"line {r.line}: id {r.id!r} is already line {first[r.id]}'s")
-        first.setdefault(r.id, r.line)
+            repeated.append(f"{at}: id {r.id!r} is already {first[r.id]}'s")
+        first.setdefault(r.id, at)
     if repeated:
         shown = "\n  ".join(repeated[:20])
         raise DFlashDataError(
@@ -153,16 +171,24 @@ def read_samples(
     return records
 
 
-def encode_prompt(tokenizer: Any, record: dict[str, Any]) -> list[int]:
+def encode_prompt(
+    tokenizer: Any, record: dict[str, Any], enable_thinking: bool | None = None
+) -> list[int]:
     """Token ids the target sees: its chat template when it has one, else the raw text.
 
     A plain ``"prompt"`` becomes a one-turn user chat for chat models; a base model (no
-    template, e.g. the embedded code model) continues the text as is."""
+    template, e.g. the embedded code model) continues the text as is. ``enable_thinking``
+    goes to the template as a server's ``chat_template_kwargs`` would (None: the template's
+    default); ``prompt_format.of`` names the result."""
+    from vllm_dflash.train.prompt_format import template_kwargs
+
     if "prompt_token_ids" in record:
         return list(record["prompt_token_ids"])
     if getattr(tokenizer, "chat_template", None):
         msgs = record.get("messages") or [{"role": "user", "content": record["prompt"]}]
-        out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        out = tokenizer.apply_chat_template(
+            msgs, add_generation_prompt=True, tokenize=True, **template_kwargs(enable_thinking)
+        )
         if isinstance(out, dict) or hasattr(out, "input_ids"):  # transformers 5 BatchEncoding
             out = out["input_ids"]
         return list(out)

@@ -37,7 +37,7 @@ from vllm_dflash.errors import DFlashConfigError, DFlashDataError
 from vllm_dflash.reference.drafter import ReferenceDrafter
 from vllm_dflash.reference.model import DFlashDrafter
 from vllm_dflash.reference.target import HFTarget
-from vllm_dflash.train import blocks, distributed
+from vllm_dflash.train import blocks, distributed, prompt_format
 from vllm_dflash.train.config import TrainConfig
 from vllm_dflash.train.drafter_init import new_drafter_config
 from vllm_dflash.train.features import OfflineFeatures, target_features
@@ -58,7 +58,7 @@ _BOOKKEEPING = {
     "eval_max_tokens",
     "export_dtype",
 }
-LOG = "train_log.json"
+LOG = prompt_format.TRAIN_LOG
 PLOT = "training.png"
 
 
@@ -181,7 +181,12 @@ class Trainer:
         cfg = self.cfg
         samples = []
         too_short = 0
-        for r in read_samples(cfg.data, strict=cfg.strict, vocab_size=self.dcfg.vocab_size):
+        records = read_samples(cfg.data, strict=cfg.strict, vocab_size=self.dcfg.vocab_size)
+        # How the data's prompts were formatted: kept in the log for `eval`, and used for
+        # the eval prompts here, so that both see what the target saw in the data.
+        self.prompt_formats = prompt_format.of_samples(r.data for r in records)
+        thinking = {f["enable_thinking"] for f in self.prompt_formats if f["chat_template"]}
+        for r in records:
             ids = (r.data["prompt_token_ids"] + r.data["response_token_ids"])[: cfg.max_seq_len]
             p = len(r.data["prompt_token_ids"])
             if len(ids) - 2 < p:  # no anchor with a label inside max_seq_len
@@ -197,7 +202,8 @@ class Trainer:
             recs = read_prompts(
                 cfg.eval_prompts, strict=cfg.strict, vocab_size=self.dcfg.vocab_size
             )[: cfg.eval_num_prompts]
-            eval_prompts = [encode_prompt(tok, r.data) for r in recs]
+            on = thinking.pop() if len(thinking) == 1 else None
+            eval_prompts = [encode_prompt(tok, r.data, on) for r in recs]
         else:  # hold the last samples out: their prompts are never trained on
             if len(samples) <= cfg.eval_num_prompts:
                 raise DFlashDataError(
@@ -402,6 +408,7 @@ class Trainer:
             "gamma": self.gamma,
             "anchors": self.cfg.anchors,
             "config": self.cfg.model_dump(mode="json"),
+            "prompt_formats": self.prompt_formats,
         }
         (self.cfg.out / LOG).write_text(json.dumps(meta | {"log": self.log}))
         plot_training(self.log, self.cfg.out / PLOT)
