@@ -57,8 +57,8 @@ def test_a_kill_while_resuming_loses_no_finished_sample(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         _killed_mid_write(m)
         with pytest.raises(SystemExit):
-            _done_ids(out, SAMPLING)
+            _done_ids(out, SAMPLING, None)
     assert out.read_text().startswith(finished)  # every finished sample is still there
-    assert _done_ids(out, SAMPLING) == {f"s{i}" for i in range(40)}
+    assert _done_ids(out, SAMPLING, None) == {f"s{i}" for i in range(40)}
     assert out.read_text() == finished  # the cut line is gone, nothing else
     assert not out.with_name(out.name + ".tmp").exists()
