@@ -13,6 +13,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,12 @@ def of(tokenizer: Any, record: dict[str, Any], enable_thinking: bool | None) -> 
         return PromptFormat(None, None)
     if not isinstance(template, str):  # several named templates: the default one applies
         template = template.get("default", next(iter(template.values())))
-    digest = hashlib.sha256(template.encode("utf-8")).hexdigest()[:16]
-    return PromptFormat(digest, enable_thinking)
+    return PromptFormat(_digest(template), enable_thinking)
+
+
+@cache  # gen-data asks once per prompt; a template is hashed once per run
+def _digest(template: str) -> str:
+    return hashlib.sha256(template.encode("utf-8")).hexdigest()[:16]
 
 
 TRAIN_LOG = "train_log.json"  # written by the trainer next to its export
