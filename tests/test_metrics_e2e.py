@@ -42,8 +42,8 @@ def _prometheus_bin() -> str:
     path = shutil.which("prometheus")
     if path is None:
         pytest.fail(
-            "the prometheus server is not installed. Fix: apt-get install prometheus "
-            "(.ci/run does this)"
+            "the prometheus server is not on PATH. Fix: run the tests through `make test`, "
+            "which puts it in .tools/bin (`make tools`)"
         )
     return path
 

@@ -216,7 +216,7 @@ def test_grafana_provisioning_files():
 def _promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        pytest.fail("promtool is not installed. Fix: apt-get install prometheus (.ci/run does)")
+        pytest.fail("promtool is not on PATH. Fix: `make test`, or `make tools` (.tools/bin)")
     return path
 
 
