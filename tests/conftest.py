@@ -6,10 +6,10 @@ import os
 
 import pytest
 import torch
+from factory import make_drafter, make_target
 
 from vllm_dflash.reference.drafter import ReferenceDrafter
 from vllm_dflash.reference.target import HFTarget
-from vllm_dflash.testing.factory import make_drafter, make_target
 
 # Tiny models: one thread is as fast as two, and results (sampling tests' fixed-seed
 # outcomes included) no longer depend on whether pytest-xdist runs one worker per core.

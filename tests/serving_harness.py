@@ -64,6 +64,6 @@ def random_prompts(seed: int, n: int, lo: int, hi: int) -> list[list[int]]:
 
 def distilled_drafter(target: Any, drafter_dir: Path, out: Path, prompts: list[list[int]]):
     """``drafter_dir`` distilled on ``prompts`` (600 steps), so its drafts land there."""
-    from vllm_dflash.testing.distill import distill
+    from distill import distill
 
     return distill(target, drafter_dir, out, prompts, steps=600)

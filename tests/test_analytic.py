@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from oracles import GreedyOracleDrafter
 
 from vllm_dflash.bench.analytic import (
     acceptance_length_iid,
@@ -15,7 +16,6 @@ from vllm_dflash.bench.analytic import (
     speedup,
 )
 from vllm_dflash.reference.generate import spec_generate
-from vllm_dflash.testing.oracles import GreedyOracleDrafter
 
 
 def test_paper_worked_example():

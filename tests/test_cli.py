@@ -44,8 +44,9 @@ def test_train_and_eval_commands(target_dir, tmp_path):
     """`train` from a TOML config with a flag on top, then `eval` of its export."""
     import random
 
+    from distill import write_samples
+
     from vllm_dflash.reference.target import HFTarget
-    from vllm_dflash.testing.distill import write_samples
 
     rng = random.Random(3)
     prompts = [[rng.randrange(2, 126) for _ in range(8)] for _ in range(12)]

@@ -128,9 +128,9 @@ def test_cpu_image_entry_command_serves_the_embedded_default(tmp_path):
     and DFlash drafts must be accepted."""
     from transformers import AutoTokenizer
 
+    from vllm_dflash.bench.server import free_port, run_server
     from vllm_dflash.reference.generate import target_generate
     from vllm_dflash.reference.target import HFTarget
-    from vllm_dflash.testing.server import free_port, run_server
 
     port = free_port()
     cmd = [

@@ -86,8 +86,8 @@ def test_gen_data_shards_with_the_thinking_switch_and_training_reads_the_shards(
     from test_prompt_format import templated_target
     from transformers import AutoTokenizer
 
+    from vllm_dflash.data.records import encode_prompt
     from vllm_dflash.train.config import TrainConfig
-    from vllm_dflash.train.records import encode_prompt
     from vllm_dflash.train.trainer import Trainer
 
     chat = templated_target(target_dir, tmp_path / "chat")

@@ -6,12 +6,12 @@ import random
 
 import pytest
 import torch
+from factory import make_drafter, make_target
+from oracles import GreedyOracleDrafter
 
 from vllm_dflash.reference.drafter import ReferenceDrafter
 from vllm_dflash.reference.generate import spec_generate, target_generate
 from vllm_dflash.reference.target import HFTarget
-from vllm_dflash.testing.factory import make_drafter, make_target
-from vllm_dflash.testing.oracles import GreedyOracleDrafter
 
 MAX_NEW = 37  # not a multiple of any block size: the last step is cut mid-block
 BLOCK_SIZES = (4, 8, 16)

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from vllm_dflash import assets
+from vllm_dflash.bench.server import free_port, serve
 from vllm_dflash.observability import dashboard
 from vllm_dflash.observability import names as n
-from vllm_dflash.testing.server import free_port, serve
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("metrics_e2e")]
 

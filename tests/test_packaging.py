@@ -25,15 +25,13 @@ VLLM_FREE = [
     "vllm_dflash.assets",
     "vllm_dflash.train.blocks",
     "vllm_dflash.train.loss",
-    "vllm_dflash.train.records",
+    "vllm_dflash.data.records",
+    "vllm_dflash.data.prompt_format",
     "vllm_dflash.train.features",
     "vllm_dflash.train.config",
     "vllm_dflash.train.trainer",
     "vllm_dflash.train.gen_data",  # imports vLLM only when it runs
-    "vllm_dflash.testing.factory",
-    "vllm_dflash.testing.oracles",
-    "vllm_dflash.testing.distill",
-    "vllm_dflash.testing.stats",
+    "vllm_dflash.bench.server",
     "vllm_dflash.plugin",
     "vllm_dflash.serving.seams",  # the seam table names vLLM modules; it imports none
     "vllm_dflash.serving.seams.decide",

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from vllm_dflash.data import prompt_format
+from vllm_dflash.data.prompt_format import PromptFormat
+from vllm_dflash.data.records import encode_prompt, read_samples
 from vllm_dflash.errors import DFlashDataError
-from vllm_dflash.train import prompt_format
-from vllm_dflash.train.prompt_format import PromptFormat
-from vllm_dflash.train.records import encode_prompt, read_samples
 
 # A Qwen3-style template: with thinking off, the assistant turn opens with an empty think
 # block, so the target answers without reasoning.

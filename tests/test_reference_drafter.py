@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
+from oracles import GreedyOracleDrafter
 
 from vllm_dflash.reference.generate import spec_generate
-from vllm_dflash.testing.oracles import GreedyOracleDrafter
 
 
 def _rms(x, w, eps=1e-6):

@@ -18,16 +18,16 @@ broken-verifier tests show the checks still have power at this level.
 from __future__ import annotations
 
 import pytest
+import stats
 import torch
+from factory import make_drafter, make_target
+from oracles import MarginalOracleDrafter, exact_joint
 
 from vllm_dflash.reference import generate, verify
 from vllm_dflash.reference.drafter import ReferenceDrafter
 from vllm_dflash.reference.generate import GenerationResult, spec_generate, target_generate
 from vllm_dflash.reference.sampling import SamplingConfig
 from vllm_dflash.reference.target import HFTarget
-from vllm_dflash.testing import stats
-from vllm_dflash.testing.factory import make_drafter, make_target
-from vllm_dflash.testing.oracles import MarginalOracleDrafter, exact_joint
 
 ALPHA = 1e-4
 N = 2000

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from vllm_dflash.bench.server import Server, serve
 from vllm_dflash.reference.generate import target_generate
-from vllm_dflash.testing.server import Server, serve
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("serving_api")]
 

@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from factory import build_tokenizer, make_drafter, make_target
 from serving_harness import run_engine
 
 from vllm_dflash.bench.compare_backends import cpu_binding
-from vllm_dflash.testing.factory import build_tokenizer, make_drafter, make_target
 
 pytestmark = pytest.mark.engine
 JOBS = [{"name": "one", "prompts": [[5, 6, 7]], "max_tokens": 4}]

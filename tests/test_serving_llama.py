@@ -6,13 +6,13 @@ from __future__ import annotations
 import random
 
 import pytest
+from distill import distill
+from factory import make_drafter, make_target
 from serving_harness import mean_acceptance_length, run_engine
 
 from vllm_dflash.reference.drafter import ReferenceDrafter
 from vllm_dflash.reference.generate import spec_generate, target_generate
 from vllm_dflash.reference.target import HFTarget
-from vllm_dflash.testing.distill import distill
-from vllm_dflash.testing.factory import make_drafter, make_target
 
 pytestmark = pytest.mark.engine
 MAX_NEW = 24

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factory import make_drafter, make_target
+from oracles import exact_joint
 from serving_harness import run_engine
+from stats import p_values
 
 from vllm_dflash.bench.compare_backends import cpu_binding
 from vllm_dflash.reference.sampling import SamplingConfig
 from vllm_dflash.reference.target import HFTarget
-from vllm_dflash.testing.factory import make_drafter, make_target
-from vllm_dflash.testing.oracles import exact_joint
-from vllm_dflash.testing.stats import p_values
 
 pytestmark = pytest.mark.engine
 ALPHA = 1e-4

@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from distill import write_samples
 
-from vllm_dflash.testing.distill import write_samples
 from vllm_dflash.train.config import TrainConfig
 from vllm_dflash.train.trainer import CHECKPOINT, Trainer, load_state
 

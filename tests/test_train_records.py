@@ -7,8 +7,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
+from vllm_dflash.data.records import encode_prompt, read_prompts, read_samples
 from vllm_dflash.errors import DFlashDataError
-from vllm_dflash.train.records import encode_prompt, read_prompts, read_samples
 
 LINES = [
     json.dumps({"id": "a", "prompt": "def f():"}),

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from distill import write_samples
+from factory import make_drafter, make_target
 
 from vllm_dflash.bench.acceptance import measure
 from vllm_dflash.checkpoint import load_drafter_checkpoint
 from vllm_dflash.errors import DFlashConfigError, DFlashDataError
 from vllm_dflash.reference.drafter import ReferenceDrafter
-from vllm_dflash.testing.distill import write_samples
-from vllm_dflash.testing.factory import make_drafter, make_target
 from vllm_dflash.train.config import TrainConfig
 from vllm_dflash.train.features import OfflineFeatures, capture, target_features
 from vllm_dflash.train.trainer import CHECKPOINT, Trainer, load_state

@@ -97,8 +97,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _capture(args: argparse.Namespace) -> int:
+    from vllm_dflash.data.records import read_samples
     from vllm_dflash.train.features import capture
-    from vllm_dflash.train.records import read_samples
     from vllm_dflash.train.trainer import drafter_config
 
     cfg = _train_config(args)

@@ -1,7 +1,7 @@
 """The embedded default: a tiny code-completion target and its DFlash drafter, shipped in the
 package so that the demo, the benchmarks and a first `vllm serve` need no download.
 
-Built by ``tools/embedded_default/build.sh`` (see BUILD.md next to this file): the target is
+Built by ``tools/embedded_default/build.sh`` (docs/training.md says how): the target is
 a small Qwen3 trained on the Python standard library's own source, the drafter is trained
 for it by ``vllm-dflash train`` on the target's own completions. ``heldout_prompts.jsonl``
 comes from stdlib files neither model was trained on.

@@ -80,8 +80,8 @@ def evaluate(
 ) -> AcceptanceReport:
     from transformers import AutoTokenizer
 
-    from vllm_dflash.train import prompt_format
-    from vllm_dflash.train.records import encode_prompt, read_prompts
+    from vllm_dflash.data import prompt_format
+    from vllm_dflash.data.records import encode_prompt, read_prompts
 
     tok = AutoTokenizer.from_pretrained(str(target_dir))
     records = read_prompts(prompts_path, strict=strict)[:num_prompts]

@@ -114,10 +114,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def load_prompts(path: Path, target: Path, n: int) -> list[list[int]]:
-    """Token ids of the first ``n`` prompts of a prompt JSONL file (see train/records.py)."""
+    """Token ids of the first ``n`` prompts of a prompt JSONL file (see data/records.py)."""
     from transformers import AutoTokenizer
 
-    from vllm_dflash.train.records import encode_prompt, read_prompts
+    from vllm_dflash.data.records import encode_prompt, read_prompts
 
     if n < 1:
         raise DFlashDataError(f"--num-prompts {n}: need at least 1 prompt")

@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from vllm_dflash import assets
+from vllm_dflash.bench.server import Server, serve
 from vllm_dflash.observability import names
-from vllm_dflash.testing.server import Server, serve
 
 
 def _decode_rates(server: Server, prompts: list[str], max_tokens: int, c: int) -> list[float]:

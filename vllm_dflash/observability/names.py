@@ -22,7 +22,6 @@ DRAFTER_OFF = PREFIX + "drafter_off"
 # vLLM's own series that the dashboard and the alerts read.
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"
 VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-VLLM_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 VLLM_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"
 VLLM_RUNNING = "vllm:num_requests_running"

@@ -23,9 +23,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from vllm_dflash.data import prompt_format
+from vllm_dflash.data.records import encode_prompt, read_prompts
 from vllm_dflash.errors import DFlashDataError
-from vllm_dflash.train import prompt_format
-from vllm_dflash.train.records import encode_prompt, read_prompts
 
 
 def _done_ids(out: Path, sampling: dict[str, Any], thinking: bool | None) -> set[str]:

@@ -33,16 +33,17 @@ from tqdm import tqdm
 from vllm_dflash.bench.acceptance import AcceptanceReport, measure
 from vllm_dflash.checkpoint import load_drafter_checkpoint, save_drafter_checkpoint
 from vllm_dflash.config import DrafterConfig, TargetConfig, check_compatible, read_json
+from vllm_dflash.data import prompt_format
+from vllm_dflash.data.records import encode_prompt, read_prompts, read_samples
 from vllm_dflash.errors import DFlashConfigError, DFlashDataError
 from vllm_dflash.reference.drafter import ReferenceDrafter
 from vllm_dflash.reference.model import DFlashDrafter
 from vllm_dflash.reference.target import HFTarget
-from vllm_dflash.train import blocks, distributed, prompt_format
+from vllm_dflash.train import blocks, distributed
 from vllm_dflash.train.config import TrainConfig
 from vllm_dflash.train.drafter_init import new_drafter_config
 from vllm_dflash.train.features import OfflineFeatures, target_features
 from vllm_dflash.train.loss import LossSums, block_loss_sums, decay_weights, default_gamma
-from vllm_dflash.train.records import encode_prompt, read_prompts, read_samples
 
 CHECKPOINT = "checkpoint/state.pt"
 # 2: model and optimizer states keyed by parameter name, unsharded (any number of ranks).

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
+from oracles import marginal
 from scipy.stats import chi2
-
-from vllm_dflash.testing.oracles import marginal
 
 
 def gof_p(outcomes: torch.Tensor, probs: torch.Tensor) -> float:

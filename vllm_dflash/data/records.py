@@ -180,7 +180,7 @@ def encode_prompt(
     template, e.g. the embedded code model) continues the text as is. ``enable_thinking``
     goes to the template as a server's ``chat_template_kwargs`` would (None: the template's
     default); ``prompt_format.of`` names the result."""
-    from vllm_dflash.train.prompt_format import template_kwargs
+    from vllm_dflash.data.prompt_format import template_kwargs
 
     if "prompt_token_ids" in record:
         return list(record["prompt_token_ids"])

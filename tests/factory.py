@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import string
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -129,24 +128,3 @@ def make_drafter(
         if "norm" not in name:
             torch.nn.init.normal_(p, std=init_std)
     return save_drafter_checkpoint(out, cfg, model.state_dict())
-
-
-@dataclass(frozen=True)
-class TinyModels:
-    target_dir: Path
-    drafter_dir: Path
-
-    @property
-    def eos_token_id(self) -> int:
-        return json.loads((self.target_dir / "config.json").read_text())["eos_token_id"]
-
-
-def tiny_models(root: str | Path, *, block_size: int = 8, **target_kw) -> TinyModels:
-    """Target + drafter under ``root`` (reused when already there)."""
-    root = Path(root)
-    target_dir, drafter_dir = root / "target", root / f"drafter-b{block_size}"
-    if not (target_dir / "config.json").is_file():
-        make_target(target_dir, **target_kw)
-    if not (drafter_dir / "config.json").is_file():
-        make_drafter(drafter_dir, target_dir, block_size=block_size)
-    return TinyModels(target_dir, drafter_dir)
