@@ -1,5 +1,5 @@
 """The adaptive draft-length controller, without vLLM: its estimates converge to the truth
-of a simulated engine, and it then picks the gamma that maximises tokens per second."""
+of a simulated engine, and it then picks the draft_len that maximises tokens per second."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from vllm_dflash.adaptive.controller import (
     AcceptanceEstimate,
     AdaptiveSettings,
-    GammaController,
+    DraftLenController,
     StepCosts,
-    probe_gammas,
+    probe_draft_lens,
 )
 from vllm_dflash.bench.analytic import expected_acceptance_length
 from vllm_dflash.errors import DFlashConfigError
@@ -20,18 +20,18 @@ from vllm_dflash.errors import DFlashConfigError
 TRUE_A = [0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]  # conditional acceptance per position
 
 
-def _accepted(rng: random.Random, gamma: int, a=TRUE_A) -> int:
+def _accepted(rng: random.Random, draft_len: int, a=TRUE_A) -> int:
     n = 0
-    while n < gamma and rng.random() < a[n]:
+    while n < draft_len and rng.random() < a[n]:
         n += 1
     return n
 
 
-def test_probe_gammas_cover_one_to_k():
-    assert probe_gammas(15) == [1, 2, 4, 8, 15]
-    assert probe_gammas(16) == [1, 2, 4, 8, 16]
-    assert probe_gammas(1) == [1]
-    assert probe_gammas(3) == [1, 2, 3]
+def test_probe_draft_lens_cover_one_to_k():
+    assert probe_draft_lens(15) == [1, 2, 4, 8, 15]
+    assert probe_draft_lens(16) == [1, 2, 4, 8, 16]
+    assert probe_draft_lens(1) == [1]
+    assert probe_draft_lens(3) == [1, 2, 3]
 
 
 def test_acceptance_estimate_converges_to_the_truth():
@@ -67,7 +67,7 @@ def test_acceptance_follows_a_change_within_its_half_life():
     assert est.conditional()[0] == pytest.approx(0.2, abs=0.05)
 
 
-def test_costs_interpolate_in_gamma_and_borrow_the_nearest_complete_bucket():
+def test_costs_interpolate_in_draft_len_and_borrow_the_nearest_complete_bucket():
     costs = StepCosts([1, 4])
     for g, secs in ((1, 1.0), (4, 4.0)):
         costs.add_draft(4, g, secs)
@@ -78,7 +78,7 @@ def test_costs_interpolate_in_gamma_and_borrow_the_nearest_complete_bucket():
     assert costs.seconds(32, 1) == pytest.approx(11.0)  # bucket 32 borrows bucket 4
     costs.add_draft(32, 1, 5.0)
     costs.add_verify(32, 1, 50.0)
-    assert costs.seconds(32, 1) == pytest.approx(11.0)  # 32 lacks gamma 4: still borrows
+    assert costs.seconds(32, 1) == pytest.approx(11.0)  # 32 lacks draft_len 4: still borrows
     costs.add_draft(32, 4, 6.0)
     costs.add_verify(32, 4, 60.0)
     assert costs.seconds(32, 1) == pytest.approx(55.0)
@@ -95,17 +95,17 @@ def test_costs_follow_batch_size_within_a_bucket():
     assert costs.seconds(10, 1) == pytest.approx(11.0, rel=0.01)
 
 
-def _true_rate(batch: int, gamma: int, cost) -> float:
-    tau = expected_acceptance_length(conditional=TRUE_A[:gamma])
-    d, v = cost(batch, gamma)
+def _true_rate(batch: int, draft_len: int, cost) -> float:
+    tau = expected_acceptance_length(conditional=TRUE_A[:draft_len])
+    d, v = cost(batch, draft_len)
     return tau / (d + v)
 
 
 def _simulate(cost, batches, steps=600, seed=0):
     """A simulated engine: noisy step costs ``cost(b, g) -> (D, V)`` and Bernoulli
-    acceptance; returns the controller and the gammas it chose after warm-up, per batch."""
+    acceptance; returns the controller and the draft_lens it chose after warm-up, per batch."""
     rng = random.Random(seed)
-    ctl = GammaController(len(TRUE_A))
+    ctl = DraftLenController(len(TRUE_A))
     chosen: dict[int, list[int]] = {}
     for batch in batches:
         prev = None
@@ -140,12 +140,12 @@ def cpu_like(b, g):
 
 
 @pytest.mark.parametrize("cost", [gpu_like, cpu_like])
-def test_controller_picks_the_best_gamma_per_batch(cost):
+def test_controller_picks_the_best_draft_len_per_batch(cost):
     batches = [1, 4, 16, 32]
     ctl, chosen = _simulate(cost, batches)
     for b in batches:
         top = _true_rate(b, _best(b, cost), cost)
-        # Its choice is as good as the best (gammas whose rates differ by less than the
+        # Its choice is as good as the best (draft_lens whose rates differ by less than the
         # noise may swap), and probes cost little on average.
         assert _true_rate(b, ctl.best(b), cost) > 0.97 * top, (b, ctl.best(b), _best(b, cost))
         mean = sum(_true_rate(b, g, cost) for g in chosen[b]) / len(chosen[b])
@@ -154,15 +154,15 @@ def test_controller_picks_the_best_gamma_per_batch(cost):
         assert _best(1, cost) >= 6 and _best(32, cost) <= 2
 
 
-def test_probes_are_rare_once_every_probe_gamma_is_measured():
+def test_probes_are_rare_once_every_probe_draft_len_is_measured():
     ctl, chosen = _simulate(cpu_like, [4], steps=800)
     picks = chosen[4]
     off_best = sum(1 for g in picks if g != ctl.best(4))
     assert off_best <= len(picks) / ctl.s.adaptive_explore_every + 2
 
 
-def test_forced_gamma_is_used_as_is():
-    ctl = GammaController(15)
+def test_forced_draft_len_is_used_as_is():
+    ctl = DraftLenController(15)
     ctl.force = 7
     assert {ctl.choose(b) for b in (1, 8, 64)} == {7}
     ctl.force = 40
@@ -179,7 +179,7 @@ def test_settings_errors_name_the_variable():
 
 
 def test_configure_adds_vllms_dynamic_schedule_only_when_on(monkeypatch):
-    from vllm_dflash.serving.adaptive_gamma import SCHEDULE_KEY, configure
+    from vllm_dflash.serving.adaptive_draft_len import SCHEDULE_KEY, configure
 
     spec = {"method": "dflash", "model": "d", "num_speculative_tokens": 15}
     monkeypatch.delenv("VLLM_DFLASH_ADAPTIVE", raising=False)
@@ -199,8 +199,8 @@ def test_configure_adds_vllms_dynamic_schedule_only_when_on(monkeypatch):
 
 def test_probing_stops_when_no_step_can_measure_it():
     """Under a stream of arrivals every step may carry a prefill, which is never
-    measured; the controller then gives up probing instead of cycling gamma forever."""
-    ctl = GammaController(15)
+    measured; the controller then gives up probing instead of cycling draft_len forever."""
+    ctl = DraftLenController(15)
     picks = [ctl.choose(8) for _ in range(400)]
     late = picks[200:]
     assert late.count(15) / len(late) > 0.9  # K, the choice without any cost estimate

@@ -1,4 +1,4 @@
-"""The analytic speedup model (DESIGN.md §4)."""
+"""The analytic speedup model (docs/architecture.md §4)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ def test_paper_worked_example():
 
 def test_iid_matches_geometric_closed_form():
     for alpha in (0.0, 0.3, 0.8, 1.0):
-        for gamma in (1, 7, 15):
-            closed = gamma + 1 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-            assert acceptance_length_iid(alpha, gamma) == pytest.approx(closed)
+        for draft_len in (1, 7, 15):
+            closed = draft_len + 1 if alpha == 1 else (1 - alpha ** (draft_len + 1)) / (1 - alpha)
+            assert acceptance_length_iid(alpha, draft_len) == pytest.approx(closed)
 
 
 def test_conventions_round_trip():

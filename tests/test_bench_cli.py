@@ -47,8 +47,8 @@ def test_bad_arguments_name_the_flag(tmp_path):
     assert out.returncode == 2 and "not for none" in out.stderr
     out = _bench("--backends", "dflash:16")
     assert out.returncode == 2 and "dflash:16: the drafter drafts 1..15" in out.stderr
-    out = _bench("--sweep-draft-cost", "--sweep-gammas", "1,20")
-    assert out.returncode == 2 and "--sweep-gammas 20: at most --k = 15" in out.stderr
+    out = _bench("--sweep-draft-cost", "--sweep-draft-lens", "1,20")
+    assert out.returncode == 2 and "--sweep-draft-lens 20: at most --k = 15" in out.stderr
     out = _bench("--concurrency", "0,4")
     assert out.returncode == 2 and "every value must be >= 1" in out.stderr
     out = _bench("--target", str(tmp_path))
@@ -147,7 +147,7 @@ def test_adaptive_draft_length_stays_lossless(target_dir, drafter_dirs, tmp_path
 def test_sweep_draft_cost_measures_and_predicts(target_dir, drafter_dirs, tmp_path):
     out = _bench(
         *("--target", str(target_dir), "--draft", str(drafter_dirs[8])),
-        *("--sweep-draft-cost", "--sweep-gammas", "1,3,7", "--concurrency", "1,2"),
+        *("--sweep-draft-cost", "--sweep-draft-lens", "1,3,7", "--concurrency", "1,2"),
         *("--prompts", str(_prompts(tmp_path, ['{"prompt": "x = [i for i in"}'] * 4))),
         *("--num-prompts", "4", "--max-tokens", "32", "--repeats", "1"),
         *("--json", str(tmp_path / "sweep.json"), "--plot", str(tmp_path / "sweep.png")),
@@ -155,7 +155,7 @@ def test_sweep_draft_cost_measures_and_predicts(target_dir, drafter_dirs, tmp_pa
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = json.loads((tmp_path / "sweep.json").read_text())
-    assert {(r["concurrency"], r["gamma"]) for r in rows} == {
+    assert {(r["concurrency"], r["draft_len"]) for r in rows} == {
         (c, g) for c in (1, 2) for g in (1, 3, 7)
     }
     for r in rows:
@@ -163,7 +163,7 @@ def test_sweep_draft_cost_measures_and_predicts(target_dir, drafter_dirs, tmp_pa
         assert r["drafter_ms"] > 0 and r["verify_ms"] > 0 and r["plain_ms"] > 0
         assert r["predicted"] > 0 and r["tau"] >= 1
     taus = [r["tau"] for r in rows if r["concurrency"] == 1]
-    assert taus == sorted(taus)  # tau grows with gamma
+    assert taus == sorted(taus)  # tau grows with draft_len
     assert "controller's choice" in out.stdout
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
     assert not _engine_workers(tmp_path / "work")

@@ -166,8 +166,8 @@ def _timing(batch: int, drafting: int, verified: int, drafter_s: float, verify_s
     return StepTiming(
         batch=batch,
         decode_only=True,
-        verify_gamma=0,
-        draft_gamma=0,
+        verified_len=0,
+        drafted_len=0,
         plain=0 if verified else batch,
         drafting=drafting,
         verified=verified,

@@ -69,7 +69,7 @@ def test_dry_run_through_the_cli(tmp_path):
             assert a[f"{op} {dtype} timing"]["metrics"]["kernel_eager_us"] > 0
     assert a["inject_context_kv bfloat16 eager vs reference"]["metrics"]["padding_rows"] == 4
 
-    # (b): one eager row per (B, gamma) of the tiny set, graph columns skipped.
+    # (b): one eager row per (B, draft_len) of the tiny set, graph columns skipped.
     assert parts["b"]["status"] == "ok"
     (table,) = parts["b"]["tables"]
     assert [(r[0], r[1]) for r in table["rows"]] == [(1, 1), (1, 2), (2, 1), (2, 2)]
@@ -81,7 +81,7 @@ def test_dry_run_through_the_cli(tmp_path):
     assert parts["c"]["info"]["vllm_version"]
     assert c["engine comparison (ours vs builtin vs none)"]["status"] == "skipped"
 
-    assert "| op | dtype |" in md and "| B | gamma | eager ms |" in md
+    assert "| op | dtype |" in md and "| B | draft_len | eager ms |" in md
     assert "## (a)" in md and "## (b)" in md and "## (c)" in md
 
 
@@ -283,7 +283,7 @@ def test_qwen3_8b_b16_shape_set_is_consistent():
     assert s.problems() == []
     assert s.num_attention_heads % s.num_key_value_heads == 0
     assert s.num_attention_heads * s.head_dim == s.hidden_size
-    assert s.feature_size == 5 * 4096 and s.num_speculative_tokens == 15 == max(s.gammas)
+    assert s.feature_size == 5 * 4096 and s.num_speculative_tokens == 15 == max(s.draft_lens)
     assert s.context_rows == 32 * 16 and s.qkv_width == (32 + 2 * 8) * 128
     # The project's own validation agrees, and the layers are the public checkpoint's rule.
     cfg = DrafterConfig.from_dict(s.drafter_config_dict())
@@ -301,8 +301,8 @@ def test_shape_sets_are_valid_drafter_configs(shapes):
 
 
 def test_shape_set_reports_contradictions():
-    bad = dataclasses.replace(QWEN3_8B_B16, num_key_value_heads=7, gammas=(16,), head_dim=96)
+    bad = dataclasses.replace(QWEN3_8B_B16, num_key_value_heads=7, draft_lens=(16,), head_dim=96)
     problems = " ".join(bad.problems())
     assert "not a multiple of num_key_value_heads=7" in problems
     assert "!= hidden_size=4096" in problems
-    assert "gammas=(16,)" in problems
+    assert "draft_lens=(16,)" in problems

@@ -1,4 +1,4 @@
-"""Greedy DFlash == target-only greedy, token for token (DESIGN.md §2)."""
+"""Greedy DFlash == target-only greedy, token for token (docs/architecture.md §2)."""
 
 from __future__ import annotations
 

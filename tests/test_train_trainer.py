@@ -73,7 +73,7 @@ def test_short_run_lowers_loss_and_beats_random_init(target, target_dir, data, t
     assert measure(target, drafter, prompts, 32).acceptance_length == pytest.approx(after)
     assert (out / "training.png").stat().st_size > 0
     log = json.loads((out / "train_log.json").read_text())
-    assert log["gamma"] == 4.0 and len(log["log"]["loss"]) == 400
+    assert log["decay_gamma"] == 4.0 and len(log["log"]["loss"]) == 400
 
 
 def test_step_updates_drafter_only(target_dir, data, tmp_path):

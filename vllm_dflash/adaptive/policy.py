@@ -154,7 +154,7 @@ class Decision:
     """One step's plan: draft length per request (0: decodes plainly, drafts nothing)."""
 
     lengths: dict[str, int]
-    gamma: int  # the step length of the cost-chosen requests
+    draft_len: int  # the step length of the cost-chosen requests
     plain_probe: bool  # a step that measures the plain cost
 
 
@@ -181,14 +181,14 @@ class DraftPolicy:
         lengths = {rid: self._seeded_length(st) for rid, st in states.items() if st.seeded}
         free = [rid for rid, st in states.items() if not st.seeded]
         b = len(batch)
-        gamma, chosen, plain_probe = self.k, list(free), False
+        draft_len, chosen, plain_probe = self.k, list(free), False
         costs = self.costs_at(b)
         if self._plain_probe_due(b, costs):
-            gamma, chosen, plain_probe = 0, [], True
+            draft_len, chosen, plain_probe = 0, [], True
         elif costs is not None:
-            gamma, chosen = self._choose(free, lengths, states, costs, b)
+            draft_len, chosen = self._choose(free, lengths, states, costs, b)
         for rid in free:
-            lengths[rid] = gamma if rid in chosen else 0
+            lengths[rid] = draft_len if rid in chosen else 0
         for rid, st in states.items():
             if (
                 not st.seeded
@@ -204,7 +204,7 @@ class DraftPolicy:
                 st.wait = self.s.policy_first_probe
                 st.probing = False
             st.idle = 0 if lengths[rid] else st.idle + 1
-        return Decision(lengths, gamma, plain_probe)
+        return Decision(lengths, draft_len, plain_probe)
 
     def _state(self, rid: str, seeded: bool) -> RequestState:
         st = self.requests.get(rid)

@@ -1,4 +1,4 @@
-"""The analytic speedup model of speculative decoding (DESIGN.md §4).
+"""The analytic speedup model of speculative decoding (docs/architecture.md §4).
 
 One verify step costs T_draft + T_verify and commits tau tokens on average, whereas plain
 decoding costs L_target per token, so
@@ -60,9 +60,9 @@ def expected_acceptance_length(
     return 1.0 + sum(cumulative)
 
 
-def acceptance_length_iid(alpha: float, gamma: int) -> float:
+def acceptance_length_iid(alpha: float, draft_len: int) -> float:
     """tau when every slot is accepted with the same conditional probability alpha."""
-    return expected_acceptance_length(conditional=[alpha] * gamma)
+    return expected_acceptance_length(conditional=[alpha] * draft_len)
 
 
 def speedup(tau: float, t_target: float, t_draft: float, t_verify: float) -> float:

@@ -164,9 +164,9 @@ class Engine:
             raise EngineFailed(self.backend, self.proc.returncode, self.log)
         return json.loads(line)
 
-    def run(self, concurrency: int, gamma: int | None = None) -> dict:
-        """One timed pass; ``gamma`` fixes an adaptive engine's draft length for it."""
-        cmd = {"concurrency": concurrency} | ({"gamma": gamma} if gamma else {})
+    def run(self, concurrency: int, draft_len: int | None = None) -> dict:
+        """One timed pass; ``draft_len`` fixes an adaptive engine's draft length for it."""
+        cmd = {"concurrency": concurrency} | ({"draft_len": draft_len} if draft_len else {})
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
         return self._read()

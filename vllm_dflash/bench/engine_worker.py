@@ -8,6 +8,7 @@ runs in a separate process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -134,29 +135,32 @@ class DrafterTimes:
 def _controllers() -> list[Any]:
     """The adaptive controllers of this process's engine (one, or none when it is off)."""
     try:
-        from vllm_dflash.serving.adaptive_gamma import LIVE
+        from vllm_dflash.serving.adaptive_draft_len import LIVE
     except ImportError:
         return []
     return list(LIVE)
 
 
 def _steered_pass(
-    llm: Any, prompts, concurrency: int, max_tokens: int, gamma: int | None, drafter: DrafterTimes
+    llm: Any,
+    prompts,
+    concurrency: int,
+    max_tokens: int,
+    draft_len: int | None,
+    drafter: DrafterTimes,
 ):
-    """A timed pass; with ``gamma``, the adaptive controller drafts exactly that many
+    """A timed pass; with ``draft_len``, the adaptive controller drafts exactly that many
     tokens every step, and the pass reports the runner's per-step records."""
     controllers = _controllers()
     drafter.take()
     for c in controllers:
-        c.force, c.trace = gamma, [] if gamma else None
-        c.chosen.clear()
+        c.force, c.trace = draft_len, [] if draft_len else None
     outputs, seconds, spec, timing = _timed_pass(llm, prompts, concurrency, max_tokens)
     run = {"concurrency": concurrency, "seconds": seconds, "outputs": outputs, "spec": spec}
     run["drafter_s"] = drafter.take()
     for c in controllers:
-        run["chosen"] = [[b, g, n] for (b, g), n in sorted(c.chosen.items())]
         if c.trace is not None:
-            run["steps"] = c.trace
+            run["steps"] = [dataclasses.asdict(s) for s in c.trace]  # StepRecord fields
         c.force, c.trace = None, None
     return run | timing
 
@@ -164,7 +168,7 @@ def _steered_pass(
 def main(path: str) -> None:
     """Start the engine, warm it up, then time one pass per command read from stdin.
 
-    Commands are JSON lines ``{"concurrency": c}`` (``"gamma": g`` fixes the adaptive
+    Commands are JSON lines ``{"concurrency": c}`` (``"draft_len": g`` fixes the adaptive
     controller's draft length for the pass: the cost sweep); each result goes back as one JSON line
     on the file descriptor named by ``VLLM_DFLASH_BENCH_FD`` (vLLM logs to stdout). The
     driver interleaves passes of all backends, so machine noise hits them alike."""
@@ -183,7 +187,9 @@ def main(path: str) -> None:
     results.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         cmd = json.loads(line)
-        run = _steered_pass(llm, prompts, cmd["concurrency"], max_tokens, cmd.get("gamma"), drafter)
+        run = _steered_pass(
+            llm, prompts, cmd["concurrency"], max_tokens, cmd.get("draft_len"), drafter
+        )
         results.write(json.dumps(run) + "\n")
 
 

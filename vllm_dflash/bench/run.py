@@ -4,7 +4,7 @@
         [--concurrency 1,4,16,32] [--prompts P.jsonl --num-prompts N --max-tokens M]
         [--k K --repeats R] [--tensor-parallel-size N] [--drafts always|never]
         [--json out.json] [--plot out.png] [--workdir DIR]
-        [--sweep-draft-cost [--sweep-gammas 1,2,3,4,6,8,12,15]]
+        [--sweep-draft-cost [--sweep-draft-lens 1,2,3,4,6,8,12,15]]
 
 Backends: ``dflash`` (ours, with its draft policy, ``docs/draft-policy.md``),
 ``dflash-fixed`` (ours, K drafts every step), ``builtin`` (vLLM's), ``adaptive`` (ours, draft
@@ -108,7 +108,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "analytic model fitted to them, and its predicted speedup against the measured one",
     )
     p.add_argument(
-        "--sweep-gammas", type=_ints, help="draft lengths to sweep (default: 1,2,3,4,6,8,12,K)"
+        "--sweep-draft-lens", type=_ints, help="draft lengths to sweep (default: 1,2,3,4,6,8,12,K)"
     )
     p.set_defaults(func=run)
 
@@ -152,9 +152,9 @@ def _check_models(args: argparse.Namespace) -> None:
         k = parse_backend(name)[1]
         if k is not None and k >= block:
             raise DFlashConfigError(f"backend {name}: the drafter drafts 1..{block - 1} tokens")
-    for g in args.sweep_gammas or ():
+    for g in args.sweep_draft_lens or ():
         if g > args.k:
-            raise DFlashConfigError(f"--sweep-gammas {g}: at most --k = {args.k} draft tokens")
+            raise DFlashConfigError(f"--sweep-draft-lens {g}: at most --k = {args.k} draft tokens")
 
 
 def plot(rows: list, path: Path) -> None:

@@ -3,22 +3,22 @@ model fitted to them, and its prediction against measured speedups (the paper's 
 analogue, on our engine).
 
 Two engines: ours with the adaptive controller, which each pass forces to one draft length
-gamma, and no speculation. For every concurrency c and gamma the model runner's own timing
+draft_len, and no speculation. For every concurrency c and draft_len the model runner's own timing
 of each pure-decode step (``serving/step_timing.py``) gives
 
-* D(c, gamma): the drafter's time to draft gamma tokens per request,
-* V(c, gamma): the rest of the step, i.e. the target verifying 1 + gamma tokens per
+* D(c, draft_len): the drafter's time to draft draft_len tokens per request,
+* V(c, draft_len): the rest of the step, i.e. the target verifying 1 + draft_len tokens per
   request, sampling and bookkeeping,
 * P(c): the same runner time for a plain decode step (the metrics' baseline steps, taken
   here every 10th step until a batch size has 8 of them, then every 25th),
 
-and vLLM's per-position acceptance counters give tau(gamma). The analytic model
+and vLLM's per-position acceptance counters give tau(draft_len). The analytic model
 (``analytic.py``) predicts speedup = tau * P / (D + V); measured speedup is the pass's
 tok/s over no speculation's, timed back to back. The engine loop around the runner
 (scheduling, output handling), steps that carry a new request's prefill, and the baseline
 steps (about 4 % of steps, plain decoding) are in the measurement, not in the model. Finally the
 controller (``adaptive/controller.py``) is given the sweep's measurements to show which
-gamma it picks at each concurrency.
+draft_len it picks at each concurrency.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vllm_dflash.adaptive.controller import AdaptiveSettings, GammaController
+from vllm_dflash.adaptive.controller import AdaptiveSettings, DraftLenController, StepRecord
 from vllm_dflash.bench.analytic import speedup
 from vllm_dflash.bench.compare_backends import Engine
 
@@ -47,7 +47,7 @@ BASELINE_ENV = {
 @dataclass
 class SweepRow:
     concurrency: int
-    gamma: int
+    draft_len: int
     drafter_ms: float | None
     verify_ms: float | None
     plain_ms: float | None
@@ -67,7 +67,7 @@ def _tps(run: dict) -> float:
 
 def cumulative_acceptance(runs: list[tuple[int, dict]], k_max: int) -> list[float]:
     """c_k = P(drafts 1..k all accepted), pooled over the passes that drafted position k.
-    ``runs``: (gamma, pass result) pairs."""
+    ``runs``: (draft_len, pass result) pairs."""
     out = []
     for k in range(k_max):
         hits = sum(r["spec"]["per_pos"][k] for g, r in runs if g > k)
@@ -77,18 +77,18 @@ def cumulative_acceptance(runs: list[tuple[int, dict]], k_max: int) -> list[floa
 
 
 def controller_on_sweep(c: int, rows: list[SweepRow], runs: list[tuple[int, dict]]) -> int | None:
-    """The gamma the adaptive controller picks at concurrency ``c`` given the sweep's
-    measurements: its cost tables hold the median drafter and verify times per gamma, and
+    """The draft_len the adaptive controller picks at concurrency ``c`` given the sweep's
+    measurements: its cost tables hold the median drafter and verify times per draft_len, and
     its acceptance estimate (pooled, no forgetting) every verification of the sweep, from vLLM's
     per-position counters (a draft with exactly j accepted tokens is counted
-    per_pos[j-1] - per_pos[j] times). None when some gamma has no pure-decode step at
+    per_pos[j-1] - per_pos[j] times). None when some draft_len has no pure-decode step at
     batch ``c`` (the controller would then have no cost curve)."""
-    gammas = [r.gamma for r in rows]
+    draft_lens = [r.draft_len for r in rows]
     pooled = AdaptiveSettings(adaptive=True, adaptive_half_life=10**9)  # like the model
-    ctl = GammaController(max(gammas), pooled, probes=gammas)
+    ctl = DraftLenController(max(draft_lens), pooled, probes=draft_lens)
     for r in rows:
         if r.drafter_ms is not None and r.verify_ms is not None:
-            ctl.observe_step(c, r.gamma, r.drafter_ms / 1e3, r.gamma, r.verify_ms / 1e3)
+            ctl.observe_step(c, r.draft_len, r.drafter_ms / 1e3, r.draft_len, r.verify_ms / 1e3)
     for g, run in runs:
         pos, n = run["spec"]["per_pos"][:g], run["spec"]["drafts"]
         at_least = [n, *pos]  # drafts with >= j accepted, j = 0..g
@@ -100,20 +100,21 @@ def controller_on_sweep(c: int, rows: list[SweepRow], runs: list[tuple[int, dict
 
 
 def analyse(
-    passes: dict[tuple[int, int], list[dict]], concurrency: list[int], gammas: list[int]
+    passes: dict[tuple[int, int], list[dict]], concurrency: list[int], draft_lens: list[int]
 ) -> list[SweepRow]:
-    """passes[(c, gamma)]: timed passes; gamma 0 is no speculation."""
-    k_max = max(gammas)
+    """passes[(c, draft_len)]: timed passes; draft_len 0 is no speculation."""
+    k_max = max(draft_lens)
     rows = []
     for c in concurrency:
-        spec_runs = [(g, r) for g in gammas for r in passes[(c, g)]]
+        spec_runs = [(g, r) for g in draft_lens for r in passes[(c, g)]]
         cum = cumulative_acceptance(spec_runs, k_max)
-        steps = [s for _, r in spec_runs for s in r.get("steps", ()) if s[0] == c]
-        plain = _median([s[4] for s in steps if s[3] == 0])
+        steps = [StepRecord(**s) for _, r in spec_runs for s in r.get("steps", ())]
+        steps = [s for s in steps if s.batch == c]
+        plain = _median([s.verify_s for s in steps if s.verified_len == 0])
         none = passes[(c, 0)]
-        for g in gammas:
-            d = _median([s[2] for s in steps if s[1] == g])
-            v = _median([s[4] for s in steps if s[3] == g])
+        for g in draft_lens:
+            d = _median([s.drafter_s for s in steps if s.drafted_len == g])
+            v = _median([s.verify_s for s in steps if s.verified_len == g])
             tau = 1.0 + sum(cum[:g])
             predicted = None
             if d is not None and v is not None and plain is not None:
@@ -122,7 +123,7 @@ def analyse(
             rows.append(
                 SweepRow(
                     concurrency=c,
-                    gamma=g,
+                    draft_len=g,
                     drafter_ms=None if d is None else 1e3 * d,
                     verify_ms=None if v is None else 1e3 * v,
                     plain_ms=None if plain is None else 1e3 * plain,
@@ -142,13 +143,13 @@ def markdown(rows: list[SweepRow]) -> str:
         return "–" if x is None else format(x, fmt)
 
     lines = [
-        "| concurrency | γ | drafter ms | verify ms | plain step ms | τ(γ) | predicted | "
-        "measured | greedy = none |",
+        "| concurrency | draft length | drafter ms | verify ms | plain step ms | τ at that length "
+        "| predicted | measured | greedy = none |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r.concurrency} | {r.gamma} | {f(r.drafter_ms, '.2f')} | "
+            f"| {r.concurrency} | {r.draft_len} | {f(r.drafter_ms, '.2f')} | "
             f"{f(r.verify_ms, '.2f')} | {f(r.plain_ms, '.2f')} | {r.tau:.3f} | "
             f"{f(r.predicted, '.2f')}× | {r.measured:.2f}× | "
             f"{'yes' if r.matches_none else 'NO'} |"
@@ -156,9 +157,9 @@ def markdown(rows: list[SweepRow]) -> str:
     return "\n".join(lines)
 
 
-def best_gammas(rows: list[SweepRow], choices: dict[int, int | None]) -> str:
+def best_draft_lens(rows: list[SweepRow], choices: dict[int, int | None]) -> str:
     lines = [
-        "| concurrency | best γ, predicted | best γ, measured | controller's choice |",
+        "| concurrency | best draft length, predicted | best, measured | controller's choice |",
         "|---:|---:|---:|---:|",
     ]
     for c, choice in choices.items():
@@ -166,7 +167,7 @@ def best_gammas(rows: list[SweepRow], choices: dict[int, int | None]) -> str:
         pred = max((r for r in mine if r.predicted), key=lambda r: r.predicted, default=None)
         meas = max(mine, key=lambda r: r.measured)
         shown = "–" if choice is None else choice
-        lines.append(f"| {c} | {pred.gamma if pred else '–'} | {meas.gamma} | {shown} |")
+        lines.append(f"| {c} | {pred.draft_len if pred else '–'} | {meas.draft_len} | {shown} |")
     return "\n".join(lines)
 
 
@@ -179,7 +180,7 @@ def plot(rows: list[SweepRow], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for i, c in enumerate(dict.fromkeys(r.concurrency for r in rows)):
         mine = [r for r in rows if r.concurrency == c]
-        gs = [r.gamma for r in mine]
+        gs = [r.draft_len for r in mine]
         color = f"C{i}"
         axes[0].plot(gs, [r.drafter_ms for r in mine], marker="o", color=color, label=f"c={c}")
         axes[1].plot(gs, [r.verify_ms for r in mine], marker="o", color=color, label=f"c={c}")
@@ -192,7 +193,7 @@ def plot(rows: list[SweepRow], path: Path) -> None:
     axes[2].set_title("speedup vs no speculation\n(solid: measured, dashed: model)")
     axes[2].axhline(1.0, color="grey", linewidth=0.8)
     for ax in axes:
-        ax.set_xlabel("draft tokens per step (γ)")
+        ax.set_xlabel("draft length (draft tokens per step)")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
@@ -200,7 +201,7 @@ def plot(rows: list[SweepRow], path: Path) -> None:
     plt.close(fig)
 
 
-def measure(args: argparse.Namespace, prompts, workdir: Path, gammas: list[int]):
+def measure(args: argparse.Namespace, prompts, workdir: Path, draft_lens: list[int]):
     engines: list[Engine] = []
     try:
         for label, env in tqdm(
@@ -209,12 +210,14 @@ def measure(args: argparse.Namespace, prompts, workdir: Path, gammas: list[int])
             engines.append(Engine(label, args, prompts, workdir, env=env))
         ours, none = engines
         passes: dict[tuple[int, int], list[dict]] = {}
-        plan = [(r, c, g) for r in range(args.repeats) for c in args.concurrency for g in gammas]
+        plan = [
+            (r, c, g) for r in range(args.repeats) for c in args.concurrency for g in draft_lens
+        ]
         for r, c, g in tqdm(plan, desc="timed passes", unit="pass"):
-            # One no-speculation pass per round and concurrency, timed next to the gammas.
-            if g == (gammas[0] if r % 2 == 0 else gammas[-1]):
+            # One no-speculation pass per round and concurrency, timed next to the draft_lens.
+            if g == (draft_lens[0] if r % 2 == 0 else draft_lens[-1]):
                 passes.setdefault((c, 0), []).append(none.run(c))
-            passes.setdefault((c, g), []).append(ours.run(c, gamma=g))
+            passes.setdefault((c, g), []).append(ours.run(c, draft_len=g))
         return passes
     finally:
         for engine in engines:
@@ -223,19 +226,19 @@ def measure(args: argparse.Namespace, prompts, workdir: Path, gammas: list[int])
 
 def sweep(args: argparse.Namespace, prompts, workdir: Path) -> tuple[list[SweepRow], str]:
     """Measure, analyse; the rows and their tables (``run.py`` prints and writes them)."""
-    gammas = args.sweep_gammas or [*(g for g in SWEEP_GAMMAS if g < args.k), args.k]
-    gammas = sorted(set(gammas))
-    passes = measure(args, prompts, workdir, gammas)
+    draft_lens = args.sweep_draft_lens or [*(g for g in SWEEP_GAMMAS if g < args.k), args.k]
+    draft_lens = sorted(set(draft_lens))
+    passes = measure(args, prompts, workdir, draft_lens)
     (workdir / "sweep_passes.json").write_text(
         json.dumps({f"{c}@{g}": runs for (c, g), runs in passes.items()})
     )
-    rows = analyse(passes, args.concurrency, gammas)
+    rows = analyse(passes, args.concurrency, draft_lens)
     choices = {
         c: controller_on_sweep(
             c,
             [r for r in rows if r.concurrency == c],
-            [(g, r) for g in gammas for r in passes[(c, g)]],
+            [(g, r) for g in draft_lens for r in passes[(c, g)]],
         )
         for c in args.concurrency
     }
-    return rows, f"{markdown(rows)}\n\n{best_gammas(rows, choices)}"
+    return rows, f"{markdown(rows)}\n\n{best_draft_lens(rows, choices)}"

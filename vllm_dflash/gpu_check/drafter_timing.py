@@ -1,8 +1,8 @@
 """Part (b): one drafting step of the reference drafter (vllm_dflash.reference.model) with
 random weights, eager and as a CUDA-graph replay, per batch size and draft length.
 
-A step: the block (anchor + gamma mask positions) through every drafter layer against a
-dense context, the final norm, the LM head at the gamma mask positions, argmax. This is the
+A step: the block (anchor + draft_len mask positions) through every drafter layer against a
+dense context, the final norm, the LM head at the draft_len mask positions, argmax. This is the
 reference PyTorch drafter, not the module vLLM serves: same math and shapes, but SDPA over a
 dense per-request context instead of vLLM's paged attention, and no vLLM scheduling around it.
 """
@@ -33,7 +33,7 @@ MIN_GRAPH_AGREEMENT = 0.9  # below this the replay computes something else, not 
 
 @dataclass
 class Drafter:
-    """Everything a step reads that does not depend on (B, gamma); built once."""
+    """Everything a step reads that does not depend on (B, draft_len); built once."""
 
     model: torch.nn.Module
     lm_head: torch.Tensor  # [vocab, hidden]
@@ -67,10 +67,10 @@ def build_drafter(plan: Plan) -> tuple[Drafter, dict[str, Any]]:
     return Drafter(model, lm_head, context), info
 
 
-def step_fn(d: Drafter, plan: Plan, batch: int, gamma: int):
-    """A drafting step on static inputs for (batch, gamma), and those inputs."""
+def step_fn(d: Drafter, plan: Plan, batch: int, draft_len: int):
+    """A drafting step on static inputs for (batch, draft_len), and those inputs."""
     shapes, device, dtype = plan.shapes, plan.device, plan.drafter_dtype
-    s = gamma + 1  # anchor + gamma masks
+    s = draft_len + 1  # anchor + draft_len masks
     embeds = torch.randn(batch, s, shapes.hidden_size, dtype=dtype, device=device)  # [B, s, h]
     positions = (shapes.context_len + torch.arange(s, device=device)).expand(batch, s)  # [B, s]
     positions = positions.contiguous()
@@ -78,8 +78,8 @@ def step_fn(d: Drafter, plan: Plan, batch: int, gamma: int):
 
     def step() -> torch.Tensor:
         hidden = d.model.forward_block(embeds, positions, ctx)  # [B, s, h], final norm applied
-        logits = hidden[:, 1:] @ d.lm_head.T  # [B, gamma, vocab]: the anchor predicts nothing
-        return logits.argmax(dim=-1)  # [B, gamma]
+        logits = hidden[:, 1:] @ d.lm_head.T  # [B, draft_len, vocab]: the anchor predicts nothing
+        return logits.argmax(dim=-1)  # [B, draft_len]
 
     return step
 
@@ -92,7 +92,7 @@ def run(part: PartResult, runner: Runner, plan: Plan) -> None:
         device=str(device),
         context_len=shapes.context_len,
         batch_sizes=list(shapes.batch_sizes),
-        gammas=list(shapes.gammas),
+        draft_lens=list(shapes.draft_lens),
         reps=f"median of {plan.step_reps} after {plan.step_warmup} warm-up",
     )
     state: dict[str, Any] = {}
@@ -109,11 +109,11 @@ def run(part: PartResult, runner: Runner, plan: Plan) -> None:
     built = runner.check(part, "build drafter", build).status == "ok"
     rows = []
     for batch in shapes.batch_sizes:
-        for gamma in shapes.gammas:
+        for draft_len in shapes.draft_lens:
             res: dict[str, Any] = {}
 
-            def eager(batch=batch, gamma=gamma, res=res) -> Outcome:
-                step = step_fn(state["drafter"], plan, batch, gamma)
+            def eager(batch=batch, draft_len=draft_len, res=res) -> Outcome:
+                step = step_fn(state["drafter"], plan, batch, draft_len)
                 with torch.no_grad():
                     res["eager_ms"] = time_ms(step, device, plan.step_warmup, plan.step_reps)
                     res["tokens"] = step()
@@ -141,35 +141,42 @@ def run(part: PartResult, runner: Runner, plan: Plan) -> None:
                 return Outcome(f"{res['graph_ms']:.3f} ms ({speedup:.2f}x eager)", metrics)
 
             not_built = None if built else "drafter not built"
-            runner.check(part, f"B={batch} gamma={gamma} eager", eager, skip=not_built)
+            runner.check(part, f"B={batch} draft_len={draft_len} eager", eager, skip=not_built)
             runner.check(
                 part,
-                f"B={batch} gamma={gamma} CUDA graph",
+                f"B={batch} draft_len={draft_len} CUDA graph",
                 graph,
                 skip=not_built or (None if plan.graphs else NO_GRAPHS),
             )
-            rows.append(_row(batch, gamma, res, plan))
+            rows.append(_row(batch, draft_len, res, plan))
             res.clear()
             free_memory()  # each graph holds its own memory pool
     state.clear()
     part.tables.append(
         Table(
-            f"Drafting step, ms (B = batch, gamma = draft tokens; block = gamma + 1 positions; "
-            f"context {shapes.context_len} per request)",
-            ["B", "gamma", "eager ms", "CUDA graph ms", "graph speedup", "graph tokens = eager"],
+            f"Drafting step, ms (B = batch, draft_len = draft tokens; block = draft_len + 1 "
+            f"positions; context {shapes.context_len} per request)",
+            [
+                "B",
+                "draft_len",
+                "eager ms",
+                "CUDA graph ms",
+                "graph speedup",
+                "graph tokens = eager",
+            ],
             rows,
         )
     )
 
 
-def _row(batch: int, gamma: int, res: dict[str, Any], plan: Plan) -> list[Any]:
+def _row(batch: int, draft_len: int, res: dict[str, Any], plan: Plan) -> list[Any]:
     eager, graph = res.get("eager_ms"), res.get("graph_ms")
     if not plan.graphs:
         skipped = f"skipped ({NO_GRAPHS})"
-        return [batch, gamma, _ms(eager), skipped, skipped, skipped]
+        return [batch, draft_len, _ms(eager), skipped, skipped, skipped]
     speedup = f"{eager / graph:.2f}x" if eager and graph else "n/a"
     agree = f"{100 * res['agree']:.0f}%" if "agree" in res else "n/a"
-    return [batch, gamma, _ms(eager), _ms(graph), speedup, agree]
+    return [batch, draft_len, _ms(eager), _ms(graph), speedup, agree]
 
 
 def _ms(v: float | None) -> str:

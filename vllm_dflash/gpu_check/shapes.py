@@ -31,10 +31,10 @@ class ShapeSet:
     # Workload of part (a): context rows = requests * block_size, positions < max_position.
     requests: int
     max_position: int
-    # Workload of part (b): context per request, batch sizes, draft lengths (gamma).
+    # Workload of part (b): context per request, batch sizes, draft lengths (draft_len).
     context_len: int
     batch_sizes: tuple[int, ...]
-    gammas: tuple[int, ...]
+    draft_lens: tuple[int, ...]
 
     @property
     def feature_size(self) -> int:
@@ -82,11 +82,13 @@ class ShapeSet:
                 f"[0, {self.num_target_layers - 2}]"
             )
         if (
-            not self.gammas
-            or max(self.gammas) > self.num_speculative_tokens
-            or min(self.gammas) < 1
+            not self.draft_lens
+            or max(self.draft_lens) > self.num_speculative_tokens
+            or min(self.draft_lens) < 1
         ):
-            out.append(f"gammas={self.gammas} must lie in [1, {self.num_speculative_tokens}]")
+            out.append(
+                f"draft_lens={self.draft_lens} must lie in [1, {self.num_speculative_tokens}]"
+            )
         if self.context_len + self.block_size > self.max_position:
             out.append(f"context_len + block_size > max_position={self.max_position}")
         return out
@@ -137,7 +139,7 @@ QWEN3_8B_B16 = ShapeSet(
     max_position=40960,
     context_len=1024,
     batch_sizes=(1, 8, 32),
-    gammas=(1, 2, 4, 8, 15),
+    draft_lens=(1, 2, 4, 8, 15),
 )
 
 # Same structure (GQA 2:1, several layers, block crossing), small enough for a CPU in seconds.
@@ -160,5 +162,5 @@ TINY = ShapeSet(
     max_position=4096,
     context_len=64,
     batch_sizes=(1, 2),
-    gammas=(1, 2),
+    draft_lens=(1, 2),
 )

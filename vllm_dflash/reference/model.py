@@ -3,7 +3,7 @@
 Shapes: b = batch, t = context positions, s = block positions (= block_size at inference),
 h = hidden, n/k = query/KV heads, d = head_dim, F = concatenated target-feature width.
 
-One drafting step, per DESIGN.md §1:
+One drafting step, per docs/architecture.md §1:
 
     ctx   = hidden_norm(fc(target_features))                    [b, t, h]   (once per position)
     for every layer l:

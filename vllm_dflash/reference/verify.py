@@ -1,4 +1,4 @@
-"""Verification of one drafted block against the target (DESIGN.md §2).
+"""Verification of one drafted block against the target (docs/architecture.md §2).
 
 Both functions take the target's outputs for the block [anchor, d_1 .. d_g] — row i is the
 target's prediction for the slot of d_{i+1}, row g the bonus slot — and return

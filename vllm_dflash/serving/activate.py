@@ -84,7 +84,7 @@ def _checking_spec_config(create):
         spec = {k.replace("-", "_"): v for k, v in (self.speculative_config or {}).items()}
         model = spec.get("model") or self.spec_model
         if (spec.get("method") or self.spec_method) == "dflash" and model:
-            from vllm_dflash.serving.adaptive_gamma import configure
+            from vllm_dflash.serving.adaptive_draft_len import configure
             from vllm_dflash.serving.drafter_config import Parallelism, check_speculative_config
 
             k = spec.get("num_speculative_tokens") or self.spec_tokens

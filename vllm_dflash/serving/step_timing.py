@@ -34,8 +34,8 @@ class StepTiming:
 
     batch: int  # requests in the step
     decode_only: bool  # each request computed its verified token plus its drafts, no prefill
-    verify_gamma: int  # drafts verified per request (mean, rounded)
-    draft_gamma: int  # drafts per request the scheduler asked for the next step
+    verified_len: int  # drafts verified per request (mean, rounded)
+    drafted_len: int  # drafts per request the scheduler asked for the next step
     plain: int  # the batch, when the step verified nothing (plain decoding); else 0
     drafting: int = 0  # requests the drafter drafts for in this step
     verified: int = 0  # drafts verified in this step, all requests together
@@ -53,8 +53,8 @@ class StepTiming:
         return cls(
             batch=n,
             decode_only=decode_only,
-            verify_gamma=round(drafts / n) if n else 0,
-            draft_gamma=getattr(so, "num_spec_tokens_to_schedule", 0) or 0,
+            verified_len=round(drafts / n) if n else 0,
+            drafted_len=getattr(so, "num_spec_tokens_to_schedule", 0) or 0,
             plain=n if decode_only and not drafts else 0,
             drafting=draft_plan.drafting(so, n),
             verified=drafts,

@@ -53,7 +53,9 @@ class TrainConfig(JsonConfig):
     anchors: Literal["random", "grid"] = "random"
     blocks_per_seq: int = Field(16, ge=1, description="anchors (blocks) per sequence")
     loss_decay: bool = True
-    gamma: float | None = Field(None, gt=0, description="decay gamma_d; unset = paper default")
+    decay_gamma: float | None = Field(
+        None, gt=0, description="loss-decay constant gamma_d; unset = paper default"
+    )
     attention: Literal["auto", "flex", "dense"] = "auto"
 
     # optimisation

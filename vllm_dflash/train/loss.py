@@ -14,28 +14,28 @@ import torch.nn.functional as F
 
 # The paper's settings; other block sizes interpolate linearly between them (B/2 below 8,
 # 7B/16 above 16), which keeps w_{B-1} in the same range the paper used.
-PAPER_GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
+PAPER_DECAY_GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
 
 
-def default_gamma(block_size: int) -> float:
-    if block_size in PAPER_GAMMA:
-        return PAPER_GAMMA[block_size]
+def default_decay_gamma(block_size: int) -> float:
+    if block_size in PAPER_DECAY_GAMMA:
+        return PAPER_DECAY_GAMMA[block_size]
     if block_size < 8:
         return block_size / 2
     if block_size > 16:
         return 7.0 * block_size / 16
-    lo = max(b for b in PAPER_GAMMA if b < block_size)
-    hi = min(b for b in PAPER_GAMMA if b > block_size)
+    lo = max(b for b in PAPER_DECAY_GAMMA if b < block_size)
+    hi = min(b for b in PAPER_DECAY_GAMMA if b > block_size)
     t = (block_size - lo) / (hi - lo)
-    return PAPER_GAMMA[lo] + t * (PAPER_GAMMA[hi] - PAPER_GAMMA[lo])
+    return PAPER_DECAY_GAMMA[lo] + t * (PAPER_DECAY_GAMMA[hi] - PAPER_DECAY_GAMMA[lo])
 
 
-def decay_weights(block_size: int, gamma: float | None) -> torch.Tensor:
-    """w_k for k = 1..B-1; ``gamma=None`` means no decay (all ones)."""
+def decay_weights(block_size: int, decay_gamma: float | None) -> torch.Tensor:
+    """w_k for k = 1..B-1; ``decay_gamma=None`` means no decay (all ones)."""
     k = torch.arange(1, block_size, dtype=torch.float32)
-    if gamma is None:
+    if decay_gamma is None:
         return torch.ones_like(k)
-    return torch.exp(-(k - 1) / gamma)
+    return torch.exp(-(k - 1) / decay_gamma)
 
 
 @dataclass

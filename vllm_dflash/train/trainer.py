@@ -1,4 +1,4 @@
-"""``vllm-dflash train``: the paper's recipe (DESIGN.md §3) for a DFlash drafter.
+"""``vllm-dflash train``: the paper's recipe (docs/architecture.md §3) for a DFlash drafter.
 
 Per optimizer step (x ``grad_accum`` micro-batches of ``batch_size`` sequences):
 
@@ -43,7 +43,7 @@ from vllm_dflash.train import blocks, distributed
 from vllm_dflash.train.config import TrainConfig
 from vllm_dflash.train.drafter_init import new_drafter_config
 from vllm_dflash.train.features import OfflineFeatures, target_features
-from vllm_dflash.train.loss import LossSums, block_loss_sums, decay_weights, default_gamma
+from vllm_dflash.train.loss import LossSums, block_loss_sums, decay_weights, default_decay_gamma
 
 CHECKPOINT = "checkpoint/state.pt"
 # 2: model and optimizer states keyed by parameter name, unsharded (any number of ranks).
@@ -130,9 +130,11 @@ class Trainer:
         self.target.model.to(self.device)
         self.layers = self.dcfg.target_layer_ids
         self.block = self.dcfg.block_size
-        gamma = (cfg.gamma or default_gamma(self.block)) if cfg.loss_decay else None
-        self.gamma = gamma
-        self.weights = decay_weights(self.block, gamma).to(self.device)
+        decay_gamma = (
+            (cfg.decay_gamma or default_decay_gamma(self.block)) if cfg.loss_decay else None
+        )
+        self.decay_gamma = decay_gamma
+        self.weights = decay_weights(self.block, decay_gamma).to(self.device)
         self.use_flex = self._pick_attention()
 
         self.samples, self.eval_prompts = self._load_data()
@@ -406,7 +408,7 @@ class Trainer:
         state = {k: v.detach().to("cpu", dtype) for k, v in model_state.items()}
         out = save_drafter_checkpoint(self.cfg.out, self.dcfg, state)
         meta = {
-            "gamma": self.gamma,
+            "decay_gamma": self.decay_gamma,
             "anchors": self.cfg.anchors,
             "config": self.cfg.model_dump(mode="json"),
             "prompt_formats": self.prompt_formats,

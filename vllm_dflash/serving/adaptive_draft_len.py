@@ -17,7 +17,7 @@ parallelism. So:
   measured (``step_timing.py``).
 
 On runner V1 our proposer drafts exactly the length asked; on runner V2, vLLM's DFlash
-orchestration drafts all K in its captured graph and the runner verifies the first gamma
+orchestration drafts all K in its captured graph and the runner verifies the first draft_len
 (docs/vllm-support.md), so there the shorter length saves verification only.
 
 The verifier is untouched, so outputs stay exactly those of vLLM's rejection sampling.
@@ -29,7 +29,7 @@ import logging
 import weakref
 from typing import Any
 
-from vllm_dflash.adaptive.controller import AdaptiveSettings, GammaController
+from vllm_dflash.adaptive.controller import AdaptiveSettings, DraftLenController
 from vllm_dflash.errors import DFlashConfigError
 from vllm_dflash.serving.draft_plan import verified
 
@@ -39,7 +39,7 @@ _ALL_BATCHES = 1 << 20  # vLLM clips a range to max_num_seqs, and a K to the con
 logger = logging.getLogger("vllm.plugins.vllm_dflash")
 
 # Controllers of the schedulers in this process (the benchmark reads and steers them).
-LIVE: weakref.WeakSet[GammaController] = weakref.WeakSet()
+LIVE: weakref.WeakSet[DraftLenController] = weakref.WeakSet()
 
 
 def configure(spec: dict[str, Any], k: int | None) -> dict[str, Any]:
@@ -60,14 +60,14 @@ def configure(spec: dict[str, Any], k: int | None) -> dict[str, Any]:
 class _Lookup:
     """Stands in for vLLM's dense batch-size -> K list."""
 
-    def __init__(self, controller: GammaController) -> None:
+    def __init__(self, controller: DraftLenController) -> None:
         self.controller = controller
 
     def __getitem__(self, batch: int) -> int:
         return self.controller.choose(batch)
 
 
-def controller_for(scheduler: Any) -> GammaController | None:
+def controller_for(scheduler: Any) -> DraftLenController | None:
     """Installs the controller as ``scheduler``'s draft-length lookup when adaptive is on."""
     if not AdaptiveSettings.from_env().adaptive:
         return None
@@ -78,15 +78,15 @@ def controller_for(scheduler: Any) -> GammaController | None:
             scheduler.num_spec_tokens,
         )
         return None
-    controller = GammaController(scheduler.num_spec_tokens, AdaptiveSettings.from_env())
+    controller = DraftLenController(scheduler.num_spec_tokens, AdaptiveSettings.from_env())
     LIVE.add(controller)
     scheduler.dynamic_sd_lookup = _Lookup(controller)
     return controller
 
 
-def observe(controller: GammaController, so: Any, mro: Any, timings: list[Any]) -> None:
+def observe(controller: DraftLenController, so: Any, mro: Any, timings: list[Any]) -> None:
     for _, drafted, accepted in verified(so, mro):
         controller.observe_verify(drafted, accepted)
     for t in timings:
         if t.decode_only:
-            controller.observe_step(t.batch, t.draft_gamma, t.drafter_s, t.verify_gamma, t.verify_s)
+            controller.observe_step(t.batch, t.drafted_len, t.drafter_s, t.verified_len, t.verify_s)
