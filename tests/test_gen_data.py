@@ -128,3 +128,33 @@ def test_gen_data_shards_with_the_thinking_switch_and_training_reads_the_shards(
     assert "warning: prompts here are formatted" not in same.stderr
     assert "warning: prompts here are formatted with chat template" in other.stderr
     assert "thinking on" in other.stderr and "thinking off" in other.stderr
+
+
+def test_gen_data_runs_several_engines_from_one_command(target, target_dir, tmp_path):
+    """--data-parallel-size 2: two engines (one core each here), one shard each, the target's
+    own greedy responses for every prompt once; a rerun finds every shard finished."""
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(target_dir).eos_token_id
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n" for i, t in enumerate(TEXTS))
+    )
+    out = tmp_path / "dp"
+    run = _gen(target_dir, prompts, out, "--data-parallel-size", "2")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "VLLM_CPU_OMP_THREADS_BIND=" in run.stdout  # each engine its own cores
+    assert f"2 engines, {len(TEXTS)} of {len(TEXTS)} prompts" in run.stdout
+    recs = [
+        json.loads(line)
+        for i in range(2)
+        for line in (out / f"shard-{i:05d}-of-00002.jsonl").open()
+    ]
+    assert sorted(r["id"] for r in recs) == sorted(f"p{i}" for i in range(len(TEXTS)))
+    for r in recs:
+        ref = target_generate(target, r["prompt_token_ids"], MAX, stop_token_ids=[eos])
+        assert r["response_token_ids"] == ref.tokens
+    assert "tokens/s" in (out / "logs" / "shard-1.log").read_text()
+
+    again = _gen(target_dir, prompts, out, "--data-parallel-size", "2")
+    assert again.returncode == 0 and "0 new response tokens" in again.stdout

@@ -53,9 +53,42 @@ def _serve_default(args: argparse.Namespace) -> int:
     return vllm_cli.run(["serve", *assets.serve_args(args.vllm_args)])
 
 
+def _gen_data_shard_argv(args: argparse.Namespace) -> list[str]:
+    """The flags one shard engine of ``--data-parallel-size`` runs with: this command's own,
+    less the data-parallel size and the shard choice, which the launcher sets."""
+    argv = ["--target", str(args.target), "--prompts", str(args.prompts), "--out", str(args.out)]
+    argv += ["--max-tokens", str(args.max_tokens), "--temperature", str(args.temperature)]
+    argv += ["--top-p", str(args.top_p), "--top-k", str(args.top_k), "--seed", str(args.seed)]
+    argv += ["--chunk", str(args.chunk), "--dtype", args.dtype]
+    argv += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
+    if args.max_model_len:
+        argv += ["--max-model-len", str(args.max_model_len)]
+    if args.enable_thinking is not None:
+        argv += ["--enable-thinking", str(args.enable_thinking).lower()]
+    return argv + (["--strict"] if args.strict else [])
+
+
 def _gen_data(args: argparse.Namespace) -> int:
     from vllm_dflash.train.gen_data import gen_data
 
+    if args.data_parallel_size < 1:
+        raise DFlashConfigError(f"--data-parallel-size {args.data_parallel_size}: need >= 1")
+    if args.data_parallel_size > 1:
+        from vllm_dflash.train import gen_data_parallel
+
+        if args.num_shards != 1 or args.shard_index != 0:
+            raise DFlashConfigError(
+                "--data-parallel-size N writes shards 0..N-1 itself; it does not combine "
+                "with --num-shards/--shard-index. Fix: one of the two (several machines: "
+                "one --shard-index per process, with --num-shards the total)"
+            )
+        return gen_data_parallel.run(
+            _gen_data_shard_argv(args),
+            args.prompts,
+            args.out,
+            args.data_parallel_size,
+            args.tensor_parallel_size,
+        )
     gen_data(
         args.target,
         args.prompts,
@@ -220,6 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--shard-index", type=int, default=0, help="this process's shard (OUT/shard-I-of-N.jsonl)"
     )
     g.add_argument("--tensor-parallel-size", type=int, default=1)
+    g.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="engines on this machine, one shard each (OUT/shard-I-of-N.jsonl, logs in "
+        "OUT/logs); each gets its own GPUs, or its own CPU cores",
+    )
     g.set_defaults(func=_gen_data)
 
     t = sub.add_parser("train", help="train a DFlash drafter (flags override --config)")
