@@ -1,7 +1,7 @@
 """Tiny, seeded Qwen3 targets and z-lab-format DFlash drafters built on disk.
 
 Nothing is downloaded: the tokenizer is character-level and built here, the weights are
-random but deterministic for a given seed. Tests, the demo and benchmarks all reuse these.
+random but deterministic for a given seed. The tests build every model they run from here.
 """
 
 from __future__ import annotations

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from vllm_dflash.bench.compare_backends import compare, markdown, percentiles_ms
+from vllm_dflash.bench.records import SpecCounters, TimedPass
 
 
-def _pass(seconds: float, outputs=((1, 2, 3, 4),), drafts=2, accepted=3) -> dict:
-    spec = {"drafts": drafts, "draft_tokens": 7 * drafts, "accepted": accepted}
-    return {"seconds": seconds, "outputs": [list(o) for o in outputs], "spec": spec}
+def _pass(seconds: float, outputs=((1, 2, 3, 4),), drafts=2, accepted=3, **more) -> TimedPass:
+    spec = SpecCounters(drafts=drafts, draft_tokens=7 * drafts, accepted=accepted)
+    run = TimedPass(1, seconds, [list(o) for o in outputs], spec, **more)
+    # What the engine process sends is what the comparison reads.
+    assert TimedPass.from_json(json.loads(run.to_json())) == run
+    return run
 
 
 def test_paired_ratios_and_flags():
     passes = {
         # round 2 is a slow spell for everyone: the paired ratio ignores it
         ("dflash", 1): [
-            _pass(1.0) | {"drafter_s": [0.001, 0.003]},
-            _pass(4.0) | {"drafter_s": [0.002]},
+            _pass(1.0, drafter_s=[0.001, 0.003]),
+            _pass(4.0, drafter_s=[0.002]),
             _pass(1.0),
         ],
         ("builtin", 1): [_pass(2.0), _pass(8.0), _pass(2.0)],
@@ -51,8 +57,8 @@ def test_different_output_is_flagged():
 
 def test_latency_percentiles_pool_every_pass():
     ttft = [0.010, 0.020, 0.030, 0.040, 0.050, 0.060, 0.070, 0.080, 0.090, 0.100]
-    p1 = _pass(1.0) | {"ttft": ttft[:5], "tpot": [0.004]}
-    p2 = _pass(1.0) | {"ttft": ttft[5:], "tpot": [0.006]}
+    p1 = _pass(1.0, ttft=ttft[:5], tpot=[0.004])
+    p2 = _pass(1.0, ttft=ttft[5:], tpot=[0.006])
     passes = {("dflash", 1): [p1, p2], ("none", 1): [_pass(2.0, drafts=0)] * 2}
     rows = {r.backend: r for r in compare(passes, [1], ("dflash", "none"))}
     assert rows["dflash"].ttft_ms == pytest.approx((60.0, 100.0, 100.0))

@@ -6,7 +6,7 @@ compares exactly, but the target computes a position's logits inside a verify ba
 K + 1 query tokens per request instead of one, and bf16 matrix products of another shape
 round differently: where the target's two best candidates are nearly tied, the other one
 can win. (No speculation itself changes tokens with the batch size in bf16, for the same
-reason.) So the test demands what losslessness means in bf16 (README, "Lossless"):
+reason.) So the test demands what losslessness means in bf16 (docs/testing.md):
 
 * at the first position where our output differs from no speculation's, our token is the
   runner-up of no speculation at that position, and

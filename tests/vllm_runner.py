@@ -16,12 +16,13 @@ default all), abort_after_steps + abort (indices of prompts to abort after that 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_dflash.bench.engine_worker import counters_delta, engine_args, spec_counters
+from vllm_dflash.bench.engine_worker import engine_args, spec_counters
 
 
 def run_job(llm: Any, job: dict[str, Any]) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def run_job(llm: Any, job: dict[str, Any]) -> dict[str, Any]:
                 use_tqdm=False,
             )
             results += [_result(o) for o in outs]
-    return {"results": results, "spec": counters_delta(spec_counters(llm), before)}
+    return {"results": results, "spec": dataclasses.asdict(spec_counters(llm).minus(before))}
 
 
 def _result(out: Any) -> dict[str, Any]:

@@ -73,7 +73,7 @@ def run_demo(
     backends = ("dflash", "none")
     passes = measure(args, prompts, workdir, backends)
     rows = {r.backend: r for r in compare(passes, [concurrency], backends)}
-    first = passes[("dflash", concurrency)][0]["outputs"][0]
+    first = passes[("dflash", concurrency)][0].outputs[0]
     return DemoReport(
         num_prompts=len(prompts),
         max_tokens=max_tokens,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from vllm_dflash.bench.records import TimedPass
 from vllm_dflash.errors import DFlashConfigError, DFlashError
 
 BACKENDS = ("dflash", "builtin", "none")
@@ -164,12 +165,12 @@ class Engine:
             raise EngineFailed(self.backend, self.proc.returncode, self.log)
         return json.loads(line)
 
-    def run(self, concurrency: int, draft_len: int | None = None) -> dict:
+    def run(self, concurrency: int, draft_len: int | None = None) -> TimedPass:
         """One timed pass; ``draft_len`` fixes an adaptive engine's draft length for it."""
         cmd = {"concurrency": concurrency} | ({"draft_len": draft_len} if draft_len else {})
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
-        return self._read()
+        return TimedPass.from_json(self._read())
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -187,13 +188,13 @@ def measure(
     workdir: Path,
     backends: Sequence[str] = BACKENDS,
     env: dict[str, str] | None = None,
-) -> dict[tuple[str, int], list]:
+) -> dict[tuple[str, int], list[TimedPass]]:
     """Start every backend, then time them in interleaved rounds: (backend, c) -> passes."""
     engines: list[Engine] = []
     try:
         for backend in tqdm(backends, desc="starting engines", unit="engine"):
             engines.append(Engine(backend, args, prompts, workdir, env))
-        passes: dict[tuple[str, int], list[dict]] = {}
+        passes: dict[tuple[str, int], list[TimedPass]] = {}
         rounds = [(r, c) for r in range(args.repeats) for c in args.concurrency]
         for r, c in tqdm(rounds, desc="timed rounds", unit="round"):
             order = engines if r % 2 == 0 else engines[::-1]  # no backend always goes first
@@ -205,14 +206,12 @@ def measure(
             engine.close()
 
 
-def _tps(run: dict) -> float:
-    return sum(map(len, run["outputs"])) / run["seconds"]
-
-
-def _paired(runs: list[dict], base: list[dict]) -> float:
+def _paired(runs: list[TimedPass], base: list[TimedPass]) -> float:
     """Median over rounds of the ratio of two backends' passes timed back to back: the
     machine's slow spells hit both sides of a pair, so this is steadier than best-of."""
-    return statistics.median(_tps(r) / _tps(b) for r, b in zip(runs, base, strict=True))
+    return statistics.median(
+        r.tokens_per_s / b.tokens_per_s for r, b in zip(runs, base, strict=True)
+    )
 
 
 def _mean_ms(seconds: list[float]) -> float | None:
@@ -220,7 +219,7 @@ def _mean_ms(seconds: list[float]) -> float | None:
 
 
 def compare(
-    passes: dict[tuple[str, int], list[dict]],
+    passes: dict[tuple[str, int], list[TimedPass]],
     concurrency: list[int],
     backends: Sequence[str] = BACKENDS,
 ) -> list[Row]:
@@ -229,26 +228,22 @@ def compare(
     for backend in backends:
         for c in concurrency:
             runs, none = passes[(backend, c)], passes[("none", c)]
-            spec = runs[0]["spec"]
+            spec = runs[0].spec
             rows.append(
                 Row(
                     backend=backend,
                     concurrency=c,
-                    tokens_per_s=max(map(_tps, runs)),
-                    acceptance_length=1 + spec["accepted"] / spec["drafts"]
-                    if spec["drafts"]
-                    else None,
+                    tokens_per_s=max(r.tokens_per_s for r in runs),
+                    acceptance_length=spec.acceptance_length,
                     speedup_vs_none=_paired(runs, none),
                     ratio_vs_builtin=None
                     if backend == "none" or "builtin" not in backends
                     else _paired(runs, passes[("builtin", c)]),
-                    matches_none=all(r["outputs"] == none[0]["outputs"] for r in runs),
-                    draft_tokens_per_step=spec["draft_tokens"] / spec["drafts"]
-                    if spec["drafts"]
-                    else None,
-                    ttft_ms=percentiles_ms([t for r in runs for t in r.get("ttft", ())]),
-                    tpot_ms=percentiles_ms([t for r in runs for t in r.get("tpot", ())]),
-                    drafter_ms=_mean_ms([s for r in runs for s in r.get("drafter_s", ())]),
+                    matches_none=all(r.outputs == none[0].outputs for r in runs),
+                    draft_tokens_per_step=spec.draft_tokens / spec.drafts if spec.drafts else None,
+                    ttft_ms=percentiles_ms([t for r in runs for t in r.ttft]),
+                    tpot_ms=percentiles_ms([t for r in runs for t in r.tpot]),
+                    drafter_ms=_mean_ms([s for r in runs for s in r.drafter_s]),
                 )
             )
     return rows

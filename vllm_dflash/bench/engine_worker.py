@@ -8,7 +8,6 @@ runs in a separate process.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_dflash.bench.records import SpecCounters, TimedPass
 from vllm_dflash.serving.step_timing import ATTR
 
 COUNTERS = {
@@ -27,27 +27,21 @@ COUNTERS = {
 }
 
 
-def spec_counters(llm: Any) -> dict[str, Any]:
+def spec_counters(llm: Any) -> SpecCounters:
     """vLLM's own spec-decode, preemption and prefix-cache counters, summed over labels."""
-    out: dict[str, Any] = dict.fromkeys(COUNTERS.values(), 0) | {"per_pos": []}
+    out = SpecCounters()
     for m in llm.get_metrics():
         if m.name in COUNTERS:
-            out[COUNTERS[m.name]] += int(m.value)
+            name = COUNTERS[m.name]
+            setattr(out, name, getattr(out, name) + int(m.value))
         elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            vals, acc = list(m.values), out["per_pos"]
+            vals, acc = list(m.values), out.per_pos
             n = max(len(vals), len(acc))
-            out["per_pos"] = [
+            out.per_pos = [
                 (acc[i] if i < len(acc) else 0) + (vals[i] if i < len(vals) else 0)
                 for i in range(n)
             ]
     return out
-
-
-def counters_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    d = {k: after[k] - before[k] for k in after if k != "per_pos"}
-    prev = before["per_pos"] + [0] * (len(after["per_pos"]) - len(before["per_pos"]))
-    d["per_pos"] = [a - b for a, b in zip(after["per_pos"], prev, strict=True)]
-    return d
 
 
 def engine_args(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -62,13 +56,12 @@ def engine_args(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     } | (overrides or {})
 
 
-def _timed_pass(llm: Any, prompts: list[list[int]], concurrency: int, max_tokens: int):
+def _timed_pass(llm: Any, prompts: list[list[int]], concurrency: int, max_tokens: int) -> TimedPass:
     """One pass keeping ``concurrency`` requests in flight: each finished request is
     replaced by the next prompt before the next engine step, as a server sees that many
     clients (``vllm bench serve --max-concurrency``; waves that wait for their slowest
-    request would charge speculation for its spread in acceptance). Returns the outputs in
-    prompt order, seconds, counters, and per request the time to first token and the time
-    per output token after it (vLLM's own request timestamps)."""
+    request would charge speculation for its spread in acceptance). Per request, the time to
+    first token and the time per output token after it come from vLLM's own timestamps."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -104,8 +97,8 @@ def _timed_pass(llm: Any, prompts: list[list[int]], concurrency: int, max_tokens
                     decode = m.last_token_ts - m.first_token_ts
                     tpot.append(decode / (m.num_generation_tokens - 1))
     seconds = time.perf_counter() - t0
-    timing = {"ttft": ttft, "tpot": tpot}
-    return outputs, seconds, counters_delta(spec_counters(llm), before), timing
+    spec = spec_counters(llm).minus(before)
+    return TimedPass(concurrency, seconds, outputs, spec, ttft=ttft, tpot=tpot)
 
 
 class DrafterTimes:
@@ -155,14 +148,13 @@ def _steered_pass(
     drafter.take()
     for c in controllers:
         c.force, c.trace = draft_len, [] if draft_len else None
-    outputs, seconds, spec, timing = _timed_pass(llm, prompts, concurrency, max_tokens)
-    run = {"concurrency": concurrency, "seconds": seconds, "outputs": outputs, "spec": spec}
-    run["drafter_s"] = drafter.take()
+    run = _timed_pass(llm, prompts, concurrency, max_tokens)
+    run.drafter_s = drafter.take()
     for c in controllers:
         if c.trace is not None:
-            run["steps"] = [dataclasses.asdict(s) for s in c.trace]  # StepRecord fields
+            run.steps = c.trace
         c.force, c.trace = None, None
-    return run | timing
+    return run
 
 
 def main(path: str) -> None:
@@ -190,7 +182,7 @@ def main(path: str) -> None:
         run = _steered_pass(
             llm, prompts, cmd["concurrency"], max_tokens, cmd.get("draft_len"), drafter
         )
-        results.write(json.dumps(run) + "\n")
+        results.write(run.to_json() + "\n")
 
 
 if __name__ == "__main__":

@@ -165,13 +165,13 @@ def _passes(llm: Any, prompts, concurrencies, max_tokens: int, ops: bool) -> lis
     out = []
     for c in concurrencies:
         timer.reset()
-        outputs, _, counters, _ = _timed_pass(llm, prompts, c, max_tokens)
+        run = _timed_pass(llm, prompts, c, max_tokens)
         steps = max(timer.calls[TOP], 1)
         row = {
             "steps": steps,
-            "tokens_per_step": sum(map(len, outputs)) / steps,
-            "verifying": counters["drafts"] / steps,  # requests that verified drafts
-            "verified": counters["draft_tokens"] / steps,
+            "tokens_per_step": sum(map(len, run.outputs)) / steps,
+            "verifying": run.spec.drafts / steps,  # requests that verified drafts
+            "verified": run.spec.draft_tokens / steps,
             "wall": {k: v / steps * 1e6 for k, v in timer.wall.items()},
             "ops": {},
         }
@@ -203,7 +203,7 @@ def profile(
         # Greedy speculation is lossless: our own pass is the target's continuation.
         from vllm_dflash.bench.engine_worker import _timed_pass
 
-        longer = _timed_pass(ours, prompts, 8, max_tokens + k + 1)[0]
+        longer = _timed_pass(ours, prompts, 8, max_tokens + k + 1).outputs
         oracle = Path(tempfile.mkdtemp()) / "oracle.json"
         oracle.write_text(json.dumps([[p, o] for p, o in zip(prompts, longer, strict=True)]))
         os.environ["VLLM_DFLASH_BENCH_DRAFTS"] = drafts

@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     backends = list(dict.fromkeys([*args.backends, "none"]))  # speedups need the baseline
     env = None if args.drafts == "drafter" else _adversarial(args, prompts, workdir)
     passes = measure(args, prompts, workdir, backends, env)  # an engine failure exits 2
-    seconds = {f"{b}@{c}": [r["seconds"] for r in runs] for (b, c), runs in passes.items()}
+    seconds = {f"{b}@{c}": [r.seconds for r in runs] for (b, c), runs in passes.items()}
     (workdir / "pass_seconds.json").write_text(json.dumps(seconds, indent=1))
     rows = compare(passes, args.concurrency, backends)
     return _report(args, rows, markdown(rows), plot)
@@ -211,7 +211,7 @@ def _adversarial(args: argparse.Namespace, prompts, workdir: Path) -> dict[str, 
     (workdir / "oracle").mkdir(exist_ok=True)
     engine = Engine("none", longer, prompts, workdir / "oracle")
     try:
-        outputs = engine.run(len(prompts))["outputs"]
+        outputs = engine.run(len(prompts)).outputs
     finally:
         engine.close()
     path = workdir / "oracle.json"

@@ -26,16 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
-from vllm_dflash.adaptive.controller import AdaptiveSettings, DraftLenController, StepRecord
+from vllm_dflash.adaptive.controller import AdaptiveSettings, DraftLenController
 from vllm_dflash.bench.analytic import speedup
 from vllm_dflash.bench.compare_backends import Engine
+from vllm_dflash.bench.records import TimedPass
 
-SWEEP_GAMMAS = (1, 2, 3, 4, 6, 8, 12)  # and K
+SWEEP_DRAFT_LENS = (1, 2, 3, 4, 6, 8, 12)  # and K
 # Baseline (plain) steps for P(c): every 10th step until a batch size has 8, then every 25th.
 BASELINE_ENV = {
     "VLLM_DFLASH_BASELINE_EVERY": "25",
@@ -61,22 +62,20 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _tps(run: dict) -> float:
-    return sum(map(len, run["outputs"])) / run["seconds"]
-
-
-def cumulative_acceptance(runs: list[tuple[int, dict]], k_max: int) -> list[float]:
+def cumulative_acceptance(runs: list[tuple[int, TimedPass]], k_max: int) -> list[float]:
     """c_k = P(drafts 1..k all accepted), pooled over the passes that drafted position k.
     ``runs``: (draft_len, pass result) pairs."""
     out = []
     for k in range(k_max):
-        hits = sum(r["spec"]["per_pos"][k] for g, r in runs if g > k)
-        drafts = sum(r["spec"]["drafts"] for g, r in runs if g > k)
+        hits = sum(r.spec.per_pos[k] for g, r in runs if g > k)
+        drafts = sum(r.spec.drafts for g, r in runs if g > k)
         out.append(hits / drafts if drafts else 0.0)
     return out
 
 
-def controller_on_sweep(c: int, rows: list[SweepRow], runs: list[tuple[int, dict]]) -> int | None:
+def controller_on_sweep(
+    c: int, rows: list[SweepRow], runs: list[tuple[int, TimedPass]]
+) -> int | None:
     """The draft_len the adaptive controller picks at concurrency ``c`` given the sweep's
     measurements: its cost tables hold the median drafter and verify times per draft_len, and
     its acceptance estimate (pooled, no forgetting) every verification of the sweep, from vLLM's
@@ -90,7 +89,7 @@ def controller_on_sweep(c: int, rows: list[SweepRow], runs: list[tuple[int, dict
         if r.drafter_ms is not None and r.verify_ms is not None:
             ctl.observe_step(c, r.draft_len, r.drafter_ms / 1e3, r.draft_len, r.verify_ms / 1e3)
     for g, run in runs:
-        pos, n = run["spec"]["per_pos"][:g], run["spec"]["drafts"]
+        pos, n = run.spec.per_pos[:g], run.spec.drafts
         at_least = [n, *pos]  # drafts with >= j accepted, j = 0..g
         for j in range(g + 1):
             exactly = at_least[j] - (at_least[j + 1] if j < g else 0)
@@ -100,7 +99,7 @@ def controller_on_sweep(c: int, rows: list[SweepRow], runs: list[tuple[int, dict
 
 
 def analyse(
-    passes: dict[tuple[int, int], list[dict]], concurrency: list[int], draft_lens: list[int]
+    passes: dict[tuple[int, int], list[TimedPass]], concurrency: list[int], draft_lens: list[int]
 ) -> list[SweepRow]:
     """passes[(c, draft_len)]: timed passes; draft_len 0 is no speculation."""
     k_max = max(draft_lens)
@@ -108,8 +107,7 @@ def analyse(
     for c in concurrency:
         spec_runs = [(g, r) for g in draft_lens for r in passes[(c, g)]]
         cum = cumulative_acceptance(spec_runs, k_max)
-        steps = [StepRecord(**s) for _, r in spec_runs for s in r.get("steps", ())]
-        steps = [s for s in steps if s.batch == c]
+        steps = [s for _, r in spec_runs for s in r.steps or () if s.batch == c]
         plain = _median([s.verify_s for s in steps if s.verified_len == 0])
         none = passes[(c, 0)]
         for g in draft_lens:
@@ -130,9 +128,9 @@ def analyse(
                     tau=tau,
                     predicted=predicted,
                     measured=statistics.median(
-                        _tps(r) / _tps(b) for r, b in zip(runs, none, strict=True)
+                        r.tokens_per_s / b.tokens_per_s for r, b in zip(runs, none, strict=True)
                     ),
-                    matches_none=all(r["outputs"] == none[0]["outputs"] for r in runs),
+                    matches_none=all(r.outputs == none[0].outputs for r in runs),
                 )
             )
     return rows
@@ -209,7 +207,7 @@ def measure(args: argparse.Namespace, prompts, workdir: Path, draft_lens: list[i
         ):
             engines.append(Engine(label, args, prompts, workdir, env=env))
         ours, none = engines
-        passes: dict[tuple[int, int], list[dict]] = {}
+        passes: dict[tuple[int, int], list[TimedPass]] = {}
         plan = [
             (r, c, g) for r in range(args.repeats) for c in args.concurrency for g in draft_lens
         ]
@@ -226,11 +224,11 @@ def measure(args: argparse.Namespace, prompts, workdir: Path, draft_lens: list[i
 
 def sweep(args: argparse.Namespace, prompts, workdir: Path) -> tuple[list[SweepRow], str]:
     """Measure, analyse; the rows and their tables (``run.py`` prints and writes them)."""
-    draft_lens = args.sweep_draft_lens or [*(g for g in SWEEP_GAMMAS if g < args.k), args.k]
+    draft_lens = args.sweep_draft_lens or [*(g for g in SWEEP_DRAFT_LENS if g < args.k), args.k]
     draft_lens = sorted(set(draft_lens))
     passes = measure(args, prompts, workdir, draft_lens)
     (workdir / "sweep_passes.json").write_text(
-        json.dumps({f"{c}@{g}": runs for (c, g), runs in passes.items()})
+        json.dumps({f"{c}@{g}": [asdict(r) for r in runs] for (c, g), runs in passes.items()})
     )
     rows = analyse(passes, args.concurrency, draft_lens)
     choices = {

@@ -14,7 +14,7 @@ step costs one step of speculation for the requests in it (about 1/every of the 
 slower than the steady state. ``BaselineTable`` keeps the recent samples per batch-size bucket
 and answers with their median, interpolated linearly between measured buckets.
 
-Error of the method (measured in the README's benchmark): the engine loop around the
+Error of the method (measured by the benchmark in docs/observability.md): the engine loop around the
 runner (scheduling, output handling: ~0.3 ms per step on the CPU test machine, overlapped
 with the GPU under async scheduling) is not in the sample, which makes the speedup a few
 percent low; work that only a speculating engine does between steps (fetching the drafts
