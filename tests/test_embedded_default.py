@@ -54,4 +54,4 @@ def test_bundled_drafter_is_accepted_on_heldout_prompts():
     prompts = [tok(json.loads(line)["prompt"]).input_ids for line in lines]
     drafter = ReferenceDrafter.load(assets.DRAFTER, target)
     report = measure(target, drafter, prompts, 64, [tok.eos_token_id])
-    assert report.acceptance_length > 1.8, report.table()
+    assert report.acceptance_length > 3.5, report.table()  # 4.74 when written

@@ -89,7 +89,7 @@ def test_acceptance_length_equals_tp1(ours_tp2, ours_tp1):
     pairs = zip(_tokens(ours_tp1["greedy"]), _tokens(ours_tp2["greedy"]), strict=True)
     same = sum(a == b for a, b in pairs)
     print(f"acceptance length: TP=1 {tau1:.4f}, TP=2 {tau2:.4f}; {same} outputs equal")
-    assert tau1 > 1.8, "the embedded drafter should be accepted often"
+    assert tau1 > 3.0, "the embedded drafter should be accepted often"
     assert tau2 == pytest.approx(tau1, rel=0.02)
 
 
