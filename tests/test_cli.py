@@ -58,10 +58,15 @@ def test_train_and_eval_commands(target_dir, tmp_path):
         f'target = "{target_dir}"\ndata = "{samples}"\nout = "{tmp_path / "d"}"\n'
         f'eval_prompts = "{held}"\nblock_size = 4\nnum_layers = 1\nsteps = 50\n'
     )
-    out = _run("train", "--config", str(cfg), "--steps", "6", "--eval-num-prompts", "3")
+    flags = ["--steps", "6", "--eval-num-prompts", "3", "--train-block-sizes", "2,4"]
+    out = _run("train", "--config", str(cfg), *flags)
     assert out.returncode == 0, out.stderr[-3000:]
     log = json.loads((tmp_path / "d" / "train_log.json").read_text())
     assert len(log["log"]["loss"]) == 6, "the flag overrides the file"
+    assert log["config"]["train_block_sizes"] == [2, 4]
+    bad = _run("train", "--config", str(cfg), "--train-block-sizes", "2,x")
+    assert bad.returncode == 2 and "field 'train_block_sizes'" in bad.stderr
+    assert "Traceback" not in bad.stderr
     ev = _run(
         "eval",
         "--target",

@@ -176,3 +176,62 @@ def test_many_blocks_in_one_forward_equal_drafting_each_alone():
             sl = slice(i * block, (i + 1) * block)
             alone = model.forward_block(emb(ids[:, sl]), pos[:, sl], alone_kv)
             torch.testing.assert_close(together[:, sl], alone, atol=1e-5, rtol=1e-5)
+
+
+def _brute_force_short_mask(anchors, lens, ctx_len: int, block: int) -> torch.Tensor:
+    m = _brute_force_mask(anchors, ctx_len, block)
+    for s in range(len(anchors)):
+        for kv in range(ctx_len, m.shape[-1]):
+            slot = kv - ctx_len
+            if slot % block >= lens[s][slot // block]:
+                m[s, 0, :, kv] = False
+    return m
+
+
+def test_short_blocks_hide_their_missing_slots_in_both_masks():
+    anchors, lens = [[2, 9, 17], [0, 5, -1]], [[4, 2, 3], [3, 4, 4]]
+    want = _brute_force_short_mask(anchors, lens, 20, 4)
+    got = blocks.dense_block_mask(torch.tensor(anchors), 20, 4, torch.tensor(lens))
+    assert torch.equal(got, want)
+    bm = blocks.flex_block_mask(torch.tensor(anchors), 20, 4, torch.tensor(lens))
+    q, kv = torch.arange(12)[:, None], torch.arange(32)[None, :]
+    for s in range(2):
+        assert torch.equal(bm.mask_mod(torch.tensor(s), torch.tensor(0), q, kv), want[s, 0])
+
+
+def test_short_blocks_label_only_their_own_slots():
+    seqs = torch.arange(100, 120)[None]
+    anchors, lens = torch.tensor([[3, 10]]), torch.tensor([[2, 4]])
+    labels = blocks.block_inputs(seqs, torch.tensor([20]), anchors, 4, 7, lens)[2]
+    assert labels.tolist() == [[[104, -100, -100], [111, 112, 113]]]
+
+
+def test_a_short_block_in_the_long_layout_equals_drafting_the_short_block():
+    """A block-16 drafter trained on length-8 blocks learns what serving with 7 speculative
+    tokens computes: the first 8 slots of a length-8 block in the 16-slot layout equal the
+    drafter run on an 8-slot block alone, and the long blocks beside it are unchanged."""
+    block, short = 16, 8
+    cfg = new_drafter_config(TINY_TARGET, block_size=block, num_layers=2, num_feature_layers=3)
+    torch.manual_seed(0)
+    model = DFlashDrafter(cfg).eval()
+    T = 70
+    seqs = torch.randint(0, 49, (1, T))
+    anchors, lens = torch.tensor([[5, 30, 50]]), torch.tensor([[short, block, short]])
+    ids, pos, _ = blocks.block_inputs(seqs, torch.tensor([T]), anchors, block, 49, lens)
+    emb = torch.nn.Embedding(50, 64)
+    feats = torch.randn(1, T, cfg.feature_size)
+    with torch.no_grad():
+        ctx_kv = model.context_kv(feats, torch.arange(T)[None])
+        mask = blocks.dense_block_mask(anchors, T, block, lens)
+        together = model.forward_block(emb(ids), pos, ctx_kv, attn_mask=mask)
+        for i, (a, n) in enumerate(zip(anchors[0].tolist(), lens[0].tolist(), strict=True)):
+            alone_kv = model.context_kv(feats[:, :a], torch.arange(a)[None])
+            sl = slice(i * block, i * block + n)
+            alone = model.forward_block(emb(ids[:, sl]), pos[:, sl], alone_kv)
+            torch.testing.assert_close(together[:, sl], alone, atol=1e-5, rtol=1e-5)
+    # and without the lengths the short blocks' slots would see all 15 masks: different
+    with torch.no_grad():
+        full = model.forward_block(
+            emb(ids), pos, ctx_kv, attn_mask=blocks.dense_block_mask(anchors, T, block)
+        )
+    assert not torch.allclose(full[:, :short], together[:, :short], atol=1e-4)

@@ -231,3 +231,28 @@ def test_eval_prompts_outside_the_vocabulary_are_refused(target_dir, data, tmp_p
     cfg = _cfg(target_dir, (samples, bad), tmp_path / "run", steps=1, strict=True)
     with pytest.raises(DFlashDataError, match=r"line 1: .*4096: outside the target's vocabulary"):
         Trainer(cfg)
+
+
+def test_mixed_block_sizes_label_short_blocks_only_up_to_their_length(target_dir, data, tmp_path):
+    """train_block_sizes [4, 8] on a block-8 drafter: slots 4..7 are labelled in about half
+    the blocks that label slots 1..3 (the length-4 ones stop at slot 3); [8] alone is the
+    unset run, loss for loss."""
+    mixed = Trainer(_cfg(target_dir, data, tmp_path / "m", steps=1, train_block_sizes=[4, 8]))
+    torch.manual_seed(0)
+    sums = [mixed.batch_loss(mixed._next_batch()) for _ in range(6)]
+    labelled = torch.stack([s.labelled for s in sums]).sum(0)  # [7] labels per slot
+    short_share = 1 - labelled[3:].mean() / labelled[:3].mean()
+    assert 0.35 < short_share < 0.65, labelled.tolist()
+    same = Trainer(_cfg(target_dir, data, tmp_path / "s", steps=3, train_block_sizes=[8]))
+    unset = Trainer(_cfg(target_dir, data, tmp_path / "u", steps=3))
+    same.run()
+    unset.run()
+    assert same.log["loss"] == unset.log["loss"]
+
+
+def test_train_block_sizes_are_checked(target_dir, data, tmp_path):
+    with pytest.raises(DFlashConfigError, match="field 'train_block_sizes'.*block_size 8"):
+        Trainer(_cfg(target_dir, data, tmp_path / "x", train_block_sizes=[8, 16]))
+    with pytest.raises(DFlashConfigError, match="field 'train_block_sizes'.*>= 2"):
+        _cfg(target_dir, data, tmp_path / "x", train_block_sizes=[1, 8])
+    assert not (tmp_path / "x").exists()

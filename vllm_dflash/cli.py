@@ -115,8 +115,15 @@ def _train_config(args: argparse.Namespace):
     from vllm_dflash.train.config import TrainConfig
 
     fields = {name: getattr(args, name) for name in TrainConfig.model_fields}
-    if isinstance(fields.get("target_layer_ids"), str):
-        fields["target_layer_ids"] = [int(x) for x in fields["target_layer_ids"].split(",")]
+    for name in ("target_layer_ids", "train_block_sizes"):  # comma lists on the command line
+        if isinstance(fields.get(name), str):
+            try:
+                fields[name] = [int(x) for x in fields[name].split(",")]
+            except ValueError:
+                raise DFlashConfigError(
+                    f"field '{name}' = {fields[name]!r} is not a comma-separated list of "
+                    "integers. Fix: e.g. --" + name.replace("_", "-") + " 8,16"
+                ) from None
     return TrainConfig.load(args.config, fields)
 
 

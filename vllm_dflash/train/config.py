@@ -39,6 +39,11 @@ class TrainConfig(JsonConfig):
         None, description="start from this drafter checkpoint (its config wins)"
     )
     block_size: int = Field(16, ge=2, le=64)
+    train_block_sizes: list[int] | None = Field(
+        None,
+        description="block lengths to train, one drawn per block, each <= block_size "
+        "(serving with num_speculative_tokens K drafts a block of K+1); unset = block_size",
+    )
     num_layers: int = Field(5, ge=1, description="drafter layers (paper: 5)")
     num_feature_layers: int = Field(5, ge=1, description="target layers fused (paper: 5)")
     target_layer_ids: list[int] | None = Field(
@@ -93,6 +98,12 @@ class TrainConfig(JsonConfig):
     def _consistent(self) -> Self:
         if self.target_layer_ids is not None and len(self.target_layer_ids) < 1:
             raise ValueError("field 'target_layer_ids' is empty. Fix: list at least one layer")
+        sizes = self.train_block_sizes
+        if sizes is not None and (not sizes or min(sizes) < 2):
+            raise ValueError(
+                f"field 'train_block_sizes' = {sizes}: every block needs an anchor and at "
+                "least one mask. Fix: list sizes >= 2, e.g. [8, 16]"
+            )
         return self
 
     @classmethod

@@ -130,6 +130,12 @@ class Trainer:
         self.target.model.to(self.device)
         self.layers = self.dcfg.target_layer_ids
         self.block = self.dcfg.block_size
+        self.block_sizes = cfg.train_block_sizes or [self.block]
+        if max(self.block_sizes) > self.block:
+            raise DFlashConfigError(
+                f"field 'train_block_sizes' = {cfg.train_block_sizes} exceeds the drafter's "
+                f"block_size {self.block}. Fix: list sizes <= {self.block}"
+            )
         decay_gamma = (
             (cfg.decay_gamma or default_decay_gamma(self.block)) if cfg.loss_decay else None
         )
@@ -242,18 +248,31 @@ class Trainer:
             )
             for s in batch
         ]
+        # Only a mix of sizes draws lengths: a single size keeps the anchors' random stream.
+        mixed = len(set(self.block_sizes)) > 1
+        lens_of = [
+            blocks.sample_block_lens(self.rng, len(a), self.block_sizes) if mixed else []
+            for a in anchors_of
+        ]
         batch, per_seq = self.ranks.slice(batch), self.ranks.slice(anchors_of)
+        per_seq_lens = self.ranks.slice(lens_of)
         T = max(len(s.ids) for s in batch)
         seqs = torch.zeros(len(batch), T, dtype=torch.long)
         for i, s in enumerate(batch):
             seqs[i, : len(s.ids)] = torch.tensor(s.ids)
         n = max(len(a) for a in per_seq)
         anchors = torch.full((len(batch), n), -1, dtype=torch.long)
-        for i, a in enumerate(per_seq):
+        lens = torch.full((len(batch), n), B, dtype=torch.long)  # [b, n]
+        for i, (a, ln) in enumerate(zip(per_seq, per_seq_lens, strict=True)):
             anchors[i, : len(a)] = torch.tensor(a, dtype=torch.long)
+            lens[i, : len(ln)] = torch.tensor(ln, dtype=torch.long)
         lengths = torch.tensor([len(s.ids) for s in batch])
-        ids, pos, labels = blocks.block_inputs(seqs, lengths, anchors, B, self.dcfg.mask_token_id)
-        seqs, anchors, ids, pos, labels = (x.to(dev) for x in (seqs, anchors, ids, pos, labels))
+        ids, pos, labels = blocks.block_inputs(
+            seqs, lengths, anchors, B, self.dcfg.mask_token_id, lens if mixed else None
+        )
+        seqs, anchors, ids, pos, labels, lens = (
+            x.to(dev) for x in (seqs, anchors, ids, pos, labels, lens)
+        )
 
         if self.features is None:
             feats = target_features(self.target.model, seqs, self.layers)
@@ -262,10 +281,8 @@ class Trainer:
             for i, s in enumerate(batch):
                 feats[i, : len(s.ids)] = self.features.get(s.id).float()
             feats = feats.to(dev)
-        if self.use_flex:
-            mask = blocks.flex_block_mask(anchors, T, B)
-        else:
-            mask = blocks.dense_block_mask(anchors, T, B)
+        make_mask = blocks.flex_block_mask if self.use_flex else blocks.dense_block_mask
+        mask = make_mask(anchors, T, B, lens if mixed else None)
         with torch.no_grad():
             embeds = self.target.embed(ids)
         autocast = torch.autocast(dev.type, torch.bfloat16, enabled=self.cfg.dtype == "bf16")
