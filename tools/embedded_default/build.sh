@@ -24,8 +24,10 @@ $PY tools/embedded_default/make_prompts.py --tokenizer "$B/code-target" --split 
 $PY -m vllm_dflash gen-data --target "$B/code-target" --prompts "$B/train_prompts.jsonl" \
     --out "$B/samples.jsonl" --max-tokens 128 --max-model-len 512 --dtype float32 --chunk 2000
 $PY -m vllm_dflash train --config tools/embedded_default/drafter.toml
+# stage 2: blocks of 8 and 16 alike, so that K = 7 keeps its acceptance
+$PY -m vllm_dflash train --config tools/embedded_default/drafter-short-blocks.toml
 for b in 16 8; do
-    $PY -m vllm_dflash eval --target "$B/code-target" --draft "$B/code-drafter-b16" \
+    $PY -m vllm_dflash eval --target "$B/code-target" --draft "$B/code-drafter-b16-short" \
         --prompts "$B/heldout_prompts.jsonl" --block-size $b --max-tokens 128 \
         --json "$B/eval-b$b.json"
 done
@@ -35,7 +37,7 @@ rm -rf "$A/code-target" "$A/code-drafter-b16"
 mkdir -p "$A/code-target" "$A/code-drafter-b16"
 cp "$B"/code-target/{config.json,generation_config.json,model.safetensors,tokenizer.json,tokenizer_config.json} \
     "$A/code-target/"
-cp "$B"/code-drafter-b16/{config.json,model.safetensors} "$A/code-drafter-b16/"
+cp "$B"/code-drafter-b16-short/{config.json,model.safetensors} "$A/code-drafter-b16/"
 cp "$B/heldout_prompts.jsonl" "$A/"
 cp "$B/code-drafter-b16/training.png" docs/embedded-default-training.png  # the τ-vs-steps curve
 du -sh "$A"
