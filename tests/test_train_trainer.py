@@ -243,6 +243,9 @@ def test_mixed_block_sizes_label_short_blocks_only_up_to_their_length(target_dir
     labelled = torch.stack([s.labelled for s in sums]).sum(0)  # [7] labels per slot
     short_share = 1 - labelled[3:].mean() / labelled[:3].mean()
     assert 0.35 < short_share < 0.65, labelled.tolist()
+    only4 = Trainer(_cfg(target_dir, data, tmp_path / "4", steps=1, train_block_sizes=[4]))
+    sums = only4.batch_loss(only4._next_batch())
+    assert sums.labelled[3:].sum() == 0 < sums.labelled[:3].sum()
     same = Trainer(_cfg(target_dir, data, tmp_path / "s", steps=3, train_block_sizes=[8]))
     unset = Trainer(_cfg(target_dir, data, tmp_path / "u", steps=3))
     same.run()

@@ -248,8 +248,8 @@ class Trainer:
             )
             for s in batch
         ]
-        # Only a mix of sizes draws lengths: a single size keeps the anchors' random stream.
-        mixed = len(set(self.block_sizes)) > 1
+        # Only sizes other than the block draw lengths: [B] keeps the anchors' random stream.
+        mixed = set(self.block_sizes) != {B}
         lens_of = [
             blocks.sample_block_lens(self.rng, len(a), self.block_sizes) if mixed else []
             for a in anchors_of
