@@ -1,6 +1,6 @@
 """Ablations of the training recipe at equal budget on the embedded default's target.
 
-    python tools/embedded_default/ablate.py --steps 3000 --seeds 0,1 --jobs 2 --out build/ablation
+    python tools/embedded_default/ablate.py --steps 2000 --seeds 0,1 --jobs 2 --out build/ablation
 
 Every variant trains a drafter from the same data and number of steps once per seed, then is
 evaluated greedy on the held-out prompts with the reference engine. Variants: the full recipe
@@ -68,29 +68,30 @@ def run(name: str, seed: int, args: argparse.Namespace) -> dict:
     }
 
 
+def _spread(taus: list[float]) -> float:
+    return max(taus) - min(taus)
+
+
 def table(rows: list[dict], steps: int, block: int) -> str:
     """Mean over seeds, spread (max - min), and the change against the full recipe."""
-    by = {v: [r for r in rows if r["variant"] == v] for v in VARIANTS}
-    full = statistics.fmean(r["tau"] for r in by[FULL])
+    taus_of = {v: [r["tau"] for r in rows if r["variant"] == v] for v in VARIANTS}
+    full, full_spread = statistics.fmean(taus_of[FULL]), _spread(taus_of[FULL])
     lines = [
-        f"| variant ({steps} steps, block {block}, {len(by[FULL])} seeds) | τ mean | τ spread "
-        "| slot-1 acc | Δτ vs full | paper | same sign |",
+        f"| variant ({steps} steps, block {block}, {len(taus_of[FULL])} seeds) | τ mean "
+        "| τ spread | slot-1 acc | Δτ vs full | paper | same sign |",
         "|---|---:|---:|---:|---:|---|:---:|",
     ]
-    for v, runs in by.items():
-        taus = [r["tau"] for r in runs]
+    for v, taus in taus_of.items():
         tau = statistics.fmean(taus)
-        acc1 = statistics.fmean(r["per_position"][0] for r in runs)
+        acc1 = statistics.fmean(r["per_position"][0] for r in rows if r["variant"] == v)
         delta, paper = tau - full, VARIANTS[v][1]
         # Within the seeds' spread, a change says nothing either way.
-        noise = max(
-            max(taus) - min(taus), max(r["tau"] for r in by[FULL]) - min(r["tau"] for r in by[FULL])
-        )
+        noise = max(_spread(taus), full_spread)
         same = (
             "–" if v == FULL else ("noise" if abs(delta) <= noise else "yes" if delta < 0 else "no")
         )
         lines.append(
-            f"| {v} | {tau:.3f} | {max(taus) - min(taus):.3f} | {acc1:.3f} | "
+            f"| {v} | {tau:.3f} | {_spread(taus):.3f} | {acc1:.3f} | "
             f"{'–' if v == FULL else f'{delta:+.3f}'} | {paper or '–'} | {same} |"
         )
     return "\n".join(lines)

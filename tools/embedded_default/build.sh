@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuild the embedded default (vllm_dflash/assets/) from nothing but the Python 3.11
-# standard library. About 2.5 h on 2 CPU cores (target 0.5 h, gen-data 0.2 h, drafter
-# 12000 steps 1.7 h); every step is seeded.
+# standard library. About 3 h on 2 CPU cores (target 0.5 h, gen-data 0.2 h, drafter
+# 12000 steps 1.7 h, then 2500 steps on blocks of 8 and 16 0.5 h); every step is seeded.
 #
 #   tools/embedded_default/build.sh            # then review and commit vllm_dflash/assets/
 #
