@@ -155,6 +155,13 @@ def test_gen_data_runs_several_engines_from_one_command(target, target_dir, tmp_
         ref = target_generate(target, r["prompt_token_ids"], MAX, stop_token_ids=[eos])
         assert r["response_token_ids"] == ref.tokens
     assert "tokens/s" in (out / "logs" / "shard-1.log").read_text()
+    # Each engine's stats count what it wrote, its generation time without its start-up,
+    # and the launcher's rate is over the span they generated in together.
+    stats = [json.loads((out / "logs" / f"shard-{i}.stats.json").read_text()) for i in range(2)]
+    assert sum(s["tokens"] for s in stats) == sum(len(r["response_token_ids"]) for r in recs)
+    assert sum(s["prompts"] for s in stats) == len(TEXTS)
+    assert all(s["end"] - s["start"] > 0 for s in stats)
+    assert "; generating " in run.stdout and "with the engines' start" in run.stdout
 
     again = _gen(target_dir, prompts, out, "--data-parallel-size", "2")
     assert again.returncode == 0 and "0 new response tokens" in again.stdout

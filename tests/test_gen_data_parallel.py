@@ -44,3 +44,18 @@ def test_data_parallel_does_not_combine_with_a_hand_picked_shard(tmp_path):
     assert run.returncode == 2
     assert "does not combine with --num-shards/--shard-index" in run.stderr
     assert not (tmp_path / "out").exists(), "refused before any engine started"
+
+
+def test_the_generation_span_leaves_the_engines_start_out():
+    from vllm_dflash.train.gen_data_parallel import generation_span
+
+    # Engine 0 generated from t=100 to 130, engine 1 (slower to start) from 110 to 140;
+    # a shard that had nothing left to do, or died before writing, adds no time.
+    stats = [
+        {"prompts": 5, "tokens": 50, "start": 100.0, "end": 130.0},
+        {"prompts": 5, "tokens": 60, "start": 110.0, "end": 140.0},
+        {"prompts": 0, "tokens": 0, "start": None, "end": None},
+        {},
+    ]
+    assert generation_span(stats) == 40.0
+    assert generation_span(stats[2:]) is None

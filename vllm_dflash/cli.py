@@ -88,6 +88,7 @@ def _gen_data(args: argparse.Namespace) -> int:
             args.out,
             args.data_parallel_size,
             args.tensor_parallel_size,
+            args.stats_file,
         )
     gen_data(
         args.target,
@@ -106,6 +107,7 @@ def _gen_data(args: argparse.Namespace) -> int:
         num_shards=args.num_shards,
         shard_index=args.shard_index,
         tensor_parallel_size=args.tensor_parallel_size,
+        stats_file=args.stats_file,
     )
     print(f"wrote {args.out}")
     return 0
@@ -260,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--shard-index", type=int, default=0, help="this process's shard (OUT/shard-I-of-N.jsonl)"
     )
     g.add_argument("--tensor-parallel-size", type=int, default=1)
+    g.add_argument(
+        "--stats-file",
+        type=Path,
+        help="write the run's prompts, response tokens and generation start/end (epoch s, "
+        "engine start excluded) as JSON",
+    )
     g.add_argument(
         "--data-parallel-size",
         type=int,

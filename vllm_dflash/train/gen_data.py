@@ -124,7 +124,11 @@ def gen_data(
     num_shards: int = 1,
     shard_index: int = 0,
     tensor_parallel_size: int = 1,
+    stats_file: Path | None = None,
 ) -> Path:
+    """Greedy (or sampled) responses of ``target`` for every prompt not yet in ``out``, in
+    chunks of ``chunk``. ``stats_file``, when given, receives this run's counts and the time
+    its generation took (``write_stats``): what ``--data-parallel-size`` adds up."""
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
@@ -153,6 +157,7 @@ def gen_data(
     todo = [r for r in records if r.id not in done]
     print(f"gen-data: {len(records)} prompts, {len(records) - len(todo)} already in {out}")
     if not todo:
+        write_stats(stats_file, 0, 0, None, None)
         return out
     tok = AutoTokenizer.from_pretrained(str(target))
     encoded = [encode_prompt(tok, r.data, enable_thinking) for r in todo]
@@ -160,7 +165,7 @@ def gen_data(
     llm = LLM(model=str(target), **_engine_kwargs(max_model_len, dtype, tensor_parallel_size))
     out.parent.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(todo), desc="gen-data", unit="prompt")
-    start, tokens = time.perf_counter(), 0
+    start, tokens, began = time.perf_counter(), 0, time.time()
     with out.open("a", encoding="utf-8") as f:
         for s in range(0, len(todo), chunk):
             batch = list(zip(todo[s : s + chunk], encoded[s : s + chunk], strict=True))
@@ -201,4 +206,15 @@ def gen_data(
         f"gen-data: {len(todo)} prompts, {tokens} response tokens in {took:.1f} s "
         f"({tokens / took:.0f} tokens/s, {len(todo) / took:.2f} prompts/s)"
     )
+    write_stats(stats_file, len(todo), tokens, began, began + took)
     return out
+
+
+def write_stats(
+    path: Path | None, prompts: int, tokens: int, start: float | None, end: float | None
+) -> None:
+    """One run's counts, with the wall-clock (epoch) seconds its generation began and ended:
+    the engine's start-up is not in them, so rates over several engines compare with one's."""
+    if path is not None:
+        stats = {"prompts": prompts, "tokens": tokens, "start": start, "end": end}
+        Path(path).write_text(json.dumps(stats) + "\n")

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from vllm_dflash.data.records import read_prompts
 from vllm_dflash.errors import DFlashConfigError
-from vllm_dflash.train.gen_data import shard_path
+from vllm_dflash.train.gen_data import shard_path, write_stats
 
 
 def engine_envs(n: int, tp: int, env: Mapping[str, str]) -> list[dict[str, str]]:
@@ -98,7 +98,32 @@ class _ShardFile:
         self._counting = True
 
 
-def run(child_argv: Sequence[str], prompts: Path, out: Path, n: int, tp: int) -> int:
+def generation_span(stats: Sequence[dict]) -> float | None:
+    """Seconds from the moment the first engine began generating to the moment the last one
+    finished, over the shards' ``gen_data.write_stats`` records: the engines' start-up is
+    left out, as a single engine's own rate leaves it out (None: nothing was generated)."""
+    ran = [s for s in stats if s.get("start") is not None and s.get("end") is not None]
+    if not ran:
+        return None
+    return max(s["end"] for s in ran) - min(s["start"] for s in ran)
+
+
+def _read_stats(path: Path) -> dict:
+    """A shard's stats, or an empty record for a shard that died before writing them."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def run(
+    child_argv: Sequence[str],
+    prompts: Path,
+    out: Path,
+    n: int,
+    tp: int,
+    stats_file: Path | None = None,
+) -> int:
     """Run ``n`` shard engines of ``vllm-dflash gen-data <child_argv>``; 0 when all finish."""
     envs = engine_envs(n, tp, os.environ)
     total = len(read_prompts(prompts))  # the engines check the lines again, with the tokenizer
@@ -111,6 +136,8 @@ def run(child_argv: Sequence[str], prompts: Path, out: Path, n: int, tp: int) ->
             shards[i].start()
             cmd = [sys.executable, "-m", "vllm_dflash", "gen-data", *child_argv]
             cmd += ["--num-shards", str(n), "--shard-index", str(i)]
+            (logs / f"shard-{i}.stats.json").unlink(missing_ok=True)
+            cmd += ["--stats-file", str(logs / f"shard-{i}.stats.json")]
             with (logs / f"shard-{i}.log").open("w") as log:
                 procs.append(
                     subprocess.Popen(
@@ -141,10 +168,23 @@ def run(child_argv: Sequence[str], prompts: Path, out: Path, n: int, tp: int) ->
             p.wait()
     took = time.perf_counter() - start
     tokens = sum(s.tokens for s in shards)
+    stats = [_read_stats(logs / f"shard-{i}.stats.json") for i in range(n)]
+    span = generation_span(stats)
+    rate = f"; generating {span:.1f} s, {tokens / span:.0f} tokens/s" if span else ""
     print(
         f"gen-data: {n} engines, {sum(s.lines for s in shards)} of {total} prompts in {out}; "
-        f"{tokens} new response tokens in {took:.1f} s ({tokens / took:.0f} tokens/s)"
+        f"{tokens} new response tokens in {took:.1f} s with the engines' start "
+        f"({tokens / took:.0f} tokens/s){rate}"
     )
+    if stats_file is not None:
+        starts = [s["start"] for s in stats if s.get("start") is not None]
+        write_stats(
+            stats_file,
+            sum(s.get("prompts", 0) for s in stats),
+            sum(s.get("tokens", 0) for s in stats),
+            min(starts) if starts else None,
+            min(starts) + span if span else None,
+        )
     failed = [i for i, p in enumerate(procs) if p.returncode != 0]
     for i in failed:
         tail = (logs / f"shard-{i}.log").read_text(errors="replace").splitlines()[-15:]
