@@ -170,7 +170,10 @@ def run(
     tokens = sum(s.tokens for s in shards)
     stats = [_read_stats(logs / f"shard-{i}.stats.json") for i in range(n)]
     span = generation_span(stats)
-    rate = f"; generating {span:.1f} s, {tokens / span:.0f} tokens/s" if span else ""
+    # Over the engines that reported their time: a shard that died leaves its finished
+    # chunks in the files (and in ``tokens``) but no span to divide them by.
+    generated = sum(s.get("tokens", 0) for s in stats)
+    rate = f"; generating {span:.1f} s, {generated / span:.0f} tokens/s" if span else ""
     print(
         f"gen-data: {n} engines, {sum(s.lines for s in shards)} of {total} prompts in {out}; "
         f"{tokens} new response tokens in {took:.1f} s with the engines' start "
@@ -181,7 +184,7 @@ def run(
         write_stats(
             stats_file,
             sum(s.get("prompts", 0) for s in stats),
-            sum(s.get("tokens", 0) for s in stats),
+            generated,
             min(starts) if starts else None,
             min(starts) + span if span else None,
         )
