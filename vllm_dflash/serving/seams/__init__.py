@@ -479,6 +479,84 @@ DRAFT_MODEL_OPTIONAL: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class Behaviour:
+    """Something vLLM's code does that a seam's signature cannot show, and that we rely on:
+    each pattern (a regular expression) is found in the source of ``module.attr``, as
+    ``ast.unparse`` prints it (no comments, one line per statement), in ``versions``, and
+    not all of them in any other version (the contract tests)."""
+
+    name: str
+    module: str
+    attr: str
+    versions: tuple[str, ...]
+    patterns: tuple[str, ...]
+    why: str
+
+
+# The route of the draft policy's lengths on runner V2 (serving/draft_plan.py).
+_BEHAVIOURS = (
+    Behaviour(
+        "v2.speculator_skips_query_at_zero",
+        "vllm.v1.worker.gpu.spec_decode.dflash.speculator",
+        "DFlashSpeculator.propose",
+        (V033, V034),
+        (
+            r"if num_speculative_tokens == 0:\n\s+self\._store_hidden_states\(.*\)\n"
+            r"\s+self\._precompute_context_kv\(.*\)\n\s+return ",
+        ),
+        "a step of length 0 writes the context K/V and skips the block forward (0.32 drafts "
+        "its whole block at any length, so there the policy does not serve)",
+    ),
+    Behaviour(
+        "v2.runner_drafts_the_step_length",
+        "vllm.v1.worker.gpu.model_runner",
+        "GPUModelRunner.sample_tokens",
+        ALL,
+        (
+            r"num_spec_tokens = self\.execute_model_state\.num_spec_tokens_to_schedule",
+            r"num_speculative_tokens=num_spec_tokens",
+            r"draft_tokens\[:, num_spec_tokens:\] = -1",
+        ),
+        "the drafter is asked for the step's SchedulerOutput.num_spec_tokens_to_schedule "
+        "drafts, and only those reach the scheduler",
+    ),
+    Behaviour(
+        "v2.runner_verifies_each_requests_drafts",
+        "vllm.v1.worker.gpu.model_runner",
+        "GPUModelRunner",
+        ALL,
+        (r"len\(draft_tokens\.get\(req_id, \(\)\)\) for req_id in req_ids",),
+        "each request verifies as many drafts as the scheduler scheduled for it",
+    ),
+    Behaviour(
+        "scheduler_schedules_the_requests_drafts",
+        "vllm.v1.core.sched.scheduler",
+        "Scheduler.schedule",
+        ALL,
+        (
+            r"spec_token_ids = request\.spec_token_ids",
+            r"scheduled_spec_decode_tokens\[request\.request_id\] = spec_token_ids",
+        ),
+        "a request's drafts are what its spec_token_ids hold when scheduled, so cutting "
+        "them before schedule() sets its length",
+    ),
+    Behaviour(
+        "async_scheduler_placeholders",
+        "vllm.v1.core.sched.async_scheduler",
+        "AsyncScheduler._update_after_schedule",
+        ALL,
+        (
+            r"\[-1\] \* scheduler_output\.num_spec_tokens_to_schedule",
+            r"request\.spec_token_ids = (self\._)?spec_token_placeholders",
+        ),
+        "under async scheduling spec_token_ids hold placeholders, shared between requests "
+        "in 0.32 / 0.33: they are cut by slicing (a new list), never in place",
+    ),
+)
+BEHAVIOURS: dict[str, Behaviour] = {b.name: b for b in _BEHAVIOURS}
+
+
 def seam(name: str) -> Seam:
     return SEAMS[name]
 

@@ -17,26 +17,33 @@ against any installed vLLM. It checks that
    ``use_v2_model_runner``), and that serving builds our proposer or speculator there: V1's
    proposer name, 0.32 / 0.33's ``init_speculator``, 0.34's declared speculator config
    resolved by vLLM's own ``get_speculator_config_class``; then that ``restore_all``
-   leaves every seam exactly as it was.
+   leaves every seam exactly as it was;
+5. the behaviours the draft policy's route on runner V2 relies on (``BEHAVIOURS``): found
+   in vLLM's source where listed, and not all found where not (a release that gains one
+   turns the check red until its versions are updated).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import inspect
 import json
 import os
 import re
 import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from vllm_dflash.serving.seams import (
+    BEHAVIOURS,
     DRAFT_MODEL_CALLS,
     DRAFT_MODEL_OPTIONAL,
     SEAMS,
+    Behaviour,
     Seam,
     resolve,
     snapshot,
@@ -59,6 +66,8 @@ def check(version: str) -> list[str]:
     problems += _check_imports(version)
     problems += _check_draft_model_calls()
     problems += _check_choices(version)
+    for b in BEHAVIOURS.values():
+        problems += _check_behaviour(b, version)
     return problems
 
 
@@ -125,6 +134,23 @@ def _has_field(obj: Any, name: str) -> bool:
             if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == name:
                 return True
     return False
+
+
+def _check_behaviour(b: Behaviour, version: str) -> list[str]:
+    """Each of ``b.patterns`` in the normalised source of ``b.module``.``b.attr``."""
+    try:
+        obj: Any = importlib.import_module(b.module)
+        for part in b.attr.split("."):
+            obj = getattr(obj, part)
+        source = ast.unparse(ast.parse(textwrap.dedent(inspect.getsource(obj))))
+    except (ImportError, AttributeError, OSError, TypeError) as e:
+        return [f"behaviour {b.name}: {b.module}.{b.attr} cannot be read ({e})"]
+    missing = [p for p in b.patterns if not re.search(p, source)]
+    if version in b.versions and missing:
+        return [f"behaviour {b.name} ({b.why}): {b.attr} no longer matches {missing}"]
+    if version not in b.versions and not missing:
+        return [f"behaviour {b.name}: {b.attr} in {version} does it too; update its versions"]
+    return []
 
 
 # ---- 2. our modules ---------------------------------------------------------------------
