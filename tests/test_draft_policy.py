@@ -294,3 +294,60 @@ def test_where_the_policy_serves(
         assert "fixed draft length, not the draft policy" in caplog.text
     if runner == "v2" and version == "0.32.0":
         assert "Fix: vLLM 0.33 or later" in caplog.text
+
+
+def _serve(policy: DraftPolicy, phases: list[tuple[float, int]], life: int, c: int = 4):
+    """A server's traffic: ``c`` requests in flight, each replaced by a new one once it has
+    ``life`` tokens (the first ones fewer, so that they do not all end together); each
+    phase (acceptance, steps) changes how often drafts land. Returns
+    each phase's tokens per second against plain decoding."""
+    rng = random.Random(0)
+    planned: dict[str, int] = {}
+    live: dict[str, int] = {}
+    rates, arrivals = [], 0
+    for accept, steps in phases:
+        tokens, seconds = 0, 0.0
+        for _ in range(steps):
+            while len(live) < c:  # the first ones end staggered, as arrivals do
+                first = arrivals < c
+                live[f"r{arrivals}"] = life * (arrivals + 1) // c if first else life
+                arrivals += 1
+            verified = 0
+            for r in live:
+                n, accepted = planned.get(r, 0), 0
+                while accepted < n and rng.random() < accept:
+                    accepted += 1
+                if n:
+                    policy.observe_verify(r, n, accepted)
+                tokens, verified, live[r] = (
+                    tokens + 1 + accepted,
+                    verified + n,
+                    live[r] - 1 - accepted,
+                )
+            done = {r for r, left in live.items() if left <= 0}
+            for r in done:
+                del live[r]
+            policy.finished(done)
+            lengths = policy.plan([(r, False) for r in live]).lengths
+            drafting = sum(1 for n in lengths.values() if n)
+            d, v = _cost(len(live), drafting, verified)
+            seconds += d + v
+            policy.observe_step(len(live), drafting, d, verified, v)
+            planned = {r: n for r, n in lengths.items() if n}
+        rates.append(tokens / seconds / _plain_rate({f"x{i}": 0.0 for i in range(c)}))
+    return rates
+
+
+def test_after_drafts_stop_landing_new_requests_stop_drafting_too():
+    """Traffic whose drafts landed turns into traffic whose drafts never do: new requests
+    must not go on drafting on the old traffic's acceptance (their prior is the engine's)."""
+    _, bad = _serve(DraftPolicy(K), [(0.9, 1500), (0.0, 1500)], life=64)
+    assert bad >= 0.95
+
+
+@pytest.mark.parametrize("life", [16, 64])
+def test_short_requests_find_out_that_drafts_land_again(life):
+    """Requests shorter than the longest probe wait still probe, so drafting comes back
+    when the traffic turns good."""
+    *_, good = _serve(DraftPolicy(K), [(0.0, 1500), (0.9, 300), (0.9, 1000)], life=life)
+    assert good >= 1.5

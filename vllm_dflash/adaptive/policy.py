@@ -10,8 +10,9 @@ second the step is expected to commit,
 
 * ``tau_r(g)``: the tokens request r commits per step at length g, from its *own*
   per-position acceptance (a short memory, ``policy_half_life`` verifies), shrunk towards
-  the engine-wide estimate while the request has little history. So one request whose
-  drafts keep missing stops drafting while the others go on.
+  the engine-wide estimate (a shorter memory still, ``ENGINE_HALF_LIFE`` verifies) while
+  the request has little history. So one request whose drafts keep missing stops drafting
+  while the others go on.
 * ``T_plain``, ``c_row``, ``c_tok``: measured, per batch-size bucket, from every decode
   step: the model runner's time in the drafter (``serving/step_timing.py``) and the rest of
   the engine loop (target forward, verification, scheduling, vLLM's bookkeeping, output
@@ -32,9 +33,10 @@ the cheapest test that can say yes (a miss at the first position hides the other
 anyway), and a request probes only on engine steps that are a multiple of its wait, so
 that the requests due share one drafter forward instead of paying one each. A probe that
 lands clears the request's own history: the misses that stopped it are no longer what it
-gets. A new request's first wait is the engine's: it doubles with every probe that
-misses and falls back to ``policy_first_probe`` when one lands, so where no drafts land
-at all, new requests do not each pay for the same lesson.
+gets. A new request's first wait is the engine's, due at its next multiple: it doubles
+with every probe that misses and falls back to ``policy_first_probe`` when one lands, so
+where no drafts land at all, new requests do not each pay for the same lesson, and
+requests shorter than the wait still probe.
 
 Requests that sample with a ``seed`` follow a rule of their own history only (they draft
 while their own expected accepted drafts per step stay at or above
@@ -104,6 +106,10 @@ class PolicySettings(EnvSettings):
 # Pseudo-verifies of the engine-wide acceptance that a request's own counts start from.
 PRIOR_WEIGHT = 2.0
 PROBE_DRAFTS = 1  # drafts a probe verifies
+# Verifies after which an engine-wide observation weighs 1/2. Short: the engine-wide
+# acceptance is a new request's prior, and where drafts stop landing few verifies happen,
+# so a long memory would keep new requests drafting on the old traffic's acceptance.
+ENGINE_HALF_LIFE = 64
 PLAIN_SAMPLES = 2  # plain-step measurements a bucket needs before it trusts its costs
 
 
@@ -178,7 +184,7 @@ class DraftPolicy:
         self.shared_drafter = shared_drafter
         self.idle = 0  # shared drafter: consecutive steps in which no free request drafted
         self.keep = 0.5 ** (1.0 / self.s.policy_half_life)
-        self.engine = AcceptanceEstimate(k_max, half_life=2000)
+        self.engine = AcceptanceEstimate(k_max, half_life=ENGINE_HALF_LIFE)
         self.requests: dict[str, RequestState] = {}
         self.costs: dict[int, BucketCosts] = {}
         self.step = 0
@@ -289,10 +295,13 @@ class DraftPolicy:
     def _state(self, rid: str, seeded: bool) -> RequestState:
         st = self.requests.get(rid)
         if st is None:
-            # A seeded request's schedule is its own; the others start at the engine's.
+            # A seeded request's schedule is its own. The others start at the engine's
+            # wait, and are due at its next multiple: a request shorter than the wait
+            # would otherwise never probe, and short requests could never find out that
+            # drafts land again.
             wait = self.s.policy_first_probe if seeded else self.probe_wait
             st = self.requests[rid] = RequestState(
-                seeded, [0.0] * self.k, [0.0] * self.k, wait=wait
+                seeded, [0.0] * self.k, [0.0] * self.k, idle=0 if seeded else wait, wait=wait
             )
         return st
 
