@@ -46,8 +46,8 @@ def test_data_parallel_does_not_combine_with_a_hand_picked_shard(tmp_path):
     assert not (tmp_path / "out").exists(), "refused before any engine started"
 
 
-def test_the_generation_span_leaves_the_engines_start_out():
-    from vllm_dflash.train.gen_data_parallel import generation_span
+def test_the_generation_window_leaves_the_engines_start_out(tmp_path, capsys):
+    from vllm_dflash.train.gen_data_parallel import _read_stats, generation_window
 
     # Engine 0 generated from t=100 to 130, engine 1 (slower to start) from 110 to 140;
     # a shard that had nothing left to do, or died before writing, adds no time.
@@ -57,5 +57,10 @@ def test_the_generation_span_leaves_the_engines_start_out():
         {"prompts": 0, "tokens": 0, "start": None, "end": None},
         {},
     ]
-    assert generation_span(stats) == 40.0
-    assert generation_span(stats[2:]) is None
+    assert generation_window(stats) == (100.0, 140.0)
+    assert generation_window(stats[2:]) is None
+    # A stats file that cannot be read drops its shard from the rate, and says so.
+    bad = tmp_path / "shard-1.stats.json"
+    bad.write_text('{"prompts": 5, "tok')
+    assert _read_stats(bad) == {} and _read_stats(tmp_path / "missing.json") == {}
+    assert f"{bad} is not valid JSON" in capsys.readouterr().err

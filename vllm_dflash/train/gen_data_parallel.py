@@ -98,21 +98,28 @@ class _ShardFile:
         self._counting = True
 
 
-def generation_span(stats: Sequence[dict]) -> float | None:
-    """Seconds from the moment the first engine began generating to the moment the last one
-    finished, over the shards' ``gen_data.write_stats`` records: the engines' start-up is
-    left out, as a single engine's own rate leaves it out (None: nothing was generated)."""
+def generation_window(stats: Sequence[dict]) -> tuple[float, float] | None:
+    """(start, end): from the moment the first engine began generating to the moment the
+    last one finished, over the shards' ``gen_data.write_stats`` records. The engines'
+    start-up is left out, as a single engine's own rate leaves it out (None: nothing was
+    generated)."""
     ran = [s for s in stats if s.get("start") is not None and s.get("end") is not None]
     if not ran:
         return None
-    return max(s["end"] for s in ran) - min(s["start"] for s in ran)
+    return min(s["start"] for s in ran), max(s["end"] for s in ran)
 
 
 def _read_stats(path: Path) -> dict:
-    """A shard's stats, or an empty record for a shard that died before writing them."""
+    """A shard's stats, or an empty record for a shard that wrote none (it died first)."""
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError):
+    except OSError:
+        return {}
+    except ValueError as e:
+        print(
+            f"gen-data: {path} is not valid JSON ({e}); its shard is left out of the rate",
+            file=sys.stderr,
+        )
         return {}
 
 
@@ -130,14 +137,15 @@ def run(
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     shards = [_ShardFile(shard_path(out, n, i)) for i in range(n)]
+    stats_paths = [logs / f"shard-{i}.stats.json" for i in range(n)]
     procs: list[subprocess.Popen] = []
     try:
         for i, extra in enumerate(envs):
             shards[i].start()
             cmd = [sys.executable, "-m", "vllm_dflash", "gen-data", *child_argv]
             cmd += ["--num-shards", str(n), "--shard-index", str(i)]
-            (logs / f"shard-{i}.stats.json").unlink(missing_ok=True)
-            cmd += ["--stats-file", str(logs / f"shard-{i}.stats.json")]
+            stats_paths[i].unlink(missing_ok=True)
+            cmd += ["--stats-file", str(stats_paths[i])]
             with (logs / f"shard-{i}.log").open("w") as log:
                 procs.append(
                     subprocess.Popen(
@@ -168,8 +176,9 @@ def run(
             p.wait()
     took = time.perf_counter() - start
     tokens = sum(s.tokens for s in shards)
-    stats = [_read_stats(logs / f"shard-{i}.stats.json") for i in range(n)]
-    span = generation_span(stats)
+    stats = [_read_stats(path) for path in stats_paths]
+    window = generation_window(stats)
+    span = window[1] - window[0] if window else None
     # Over the engines that reported their time: a shard that died leaves its finished
     # chunks in the files (and in ``tokens``) but no span to divide them by.
     generated = sum(s.get("tokens", 0) for s in stats)
@@ -180,13 +189,11 @@ def run(
         f"({tokens / took:.0f} tokens/s){rate}"
     )
     if stats_file is not None:
-        starts = [s["start"] for s in stats if s.get("start") is not None]
         write_stats(
             stats_file,
             sum(s.get("prompts", 0) for s in stats),
             generated,
-            min(starts) if starts else None,
-            min(starts) + span if span else None,
+            *(window or (None, None)),
         )
     failed = [i for i, p in enumerate(procs) if p.returncode != 0]
     for i in failed:
