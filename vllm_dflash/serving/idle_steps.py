@@ -3,13 +3,16 @@ drafts. With the draft policy (``draft_plan.py``) those are most steps where dra
 pay, and vLLM still runs its speculative machinery in them. Two wraps of the model runner
 (seam ``v1.runner``) give those steps the cost of plain decoding where it is ours to give:
 
-* ``plain_sampling``: vLLM builds spec-decode metadata for every step once a speculative
-  config exists, and so runs its rejection sampler even when no request has a draft. With
-  no drafts, that sampler samples the bonus tokens with the plain sampler, on the same
-  logits and the same random streams (it draws nothing for a request without drafts), and
-  builds the rest around them; the plain sampler alone gives the same tokens. Requests
-  that want logprobs keep vLLM's path (their logprobs are computed differently there), as
-  does async scheduling.
+* ``plain_inputs``: vLLM 0.32 / 0.33 build spec-decode metadata for every step once a
+  speculative config exists (``_prepare_inputs``: per-request draft counts, logits and
+  draft-token indices, host-to-device copies), and so run the rejection sampler even when
+  no request has a draft. Where no request verifies a draft, the step's inputs are built
+  as a plain engine builds them (no metadata), and vLLM's runner then samples with the
+  plain sampler and drafts from every scheduled token, as it does after a prefill: the
+  same tokens (with no drafts the rejection sampler samples the bonus tokens with that
+  sampler, on the same logits and random streams), for less. vLLM's path is kept for
+  requests that want logprobs (computed differently there), async scheduling, and hybrid
+  (Mamba-style) targets, whose attention metadata reads the speculative draft counts.
 * ``sparing_drafting``: where nothing was verified and nobody drafts, vLLM's preparation of
   the drafter's inputs (next tokens, rejected-row bookkeeping, attention metadata) serves
   nothing; the proposer gets the captured features directly for its context K/V write,
@@ -25,19 +28,26 @@ import torch
 from vllm_dflash.serving import draft_plan
 
 
-def plain_sampling(sample):
-    def sample_plain_without_drafts(self, logits, spec_decode_metadata):
-        sampling_metadata = self.input_batch.sampling_metadata
+def plain_inputs(prepare_inputs):
+    # The seam's behaviour check (seams.BEHAVIOURS["v1.prepare_inputs_reads_spec_once"])
+    # makes sure _prepare_inputs reads speculative_config once, to choose this branch.
+    def prepare_inputs_plain_without_drafts(self, scheduler_output, *args, **kwargs):
+        spec = self.speculative_config
         if (
-            spec_decode_metadata is not None
-            and not any(spec_decode_metadata.num_draft_tokens)
-            and sampling_metadata.max_num_logprobs is None
-            and not self.use_async_scheduling
+            spec is None
+            or any(scheduler_output.scheduled_spec_decode_tokens.values())
+            or self.use_async_scheduling
+            or self.model_config.is_hybrid
+            or self.input_batch.sampling_metadata.max_num_logprobs is not None
         ):
-            return self.sampler(logits=logits, sampling_metadata=sampling_metadata)
-        return sample(self, logits, spec_decode_metadata)
+            return prepare_inputs(self, scheduler_output, *args, **kwargs)
+        self.speculative_config = None  # the plain engine's branch, for this call only
+        try:
+            return prepare_inputs(self, scheduler_output, *args, **kwargs)
+        finally:
+            self.speculative_config = spec
 
-    return sample_plain_without_drafts
+    return prepare_inputs_plain_without_drafts
 
 
 def sparing_drafting(propose_draft_token_ids):

@@ -37,7 +37,7 @@ def install(runner: str) -> None:
         from vllm_dflash.serving import drafter_faults, idle_steps
 
         patch.rebind("v1.proposer_name", _our_proposer)
-        patch.wrap("v1.runner", idle_steps.plain_sampling, member="_sample")
+        patch.wrap("v1.runner", idle_steps.plain_inputs, member="_prepare_inputs")
         patch.wrap(
             "v1.runner",
             lambda f: drafter_faults.guarded(idle_steps.sparing_drafting(f)),

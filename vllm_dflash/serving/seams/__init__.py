@@ -222,7 +222,7 @@ _SEAMS = (
         members=(
             ("execute_model", ("scheduler_output", "intermediate_tensors")),
             ("sample_tokens", ("grammar_output",)),
-            ("_sample", ("logits", "spec_decode_metadata")),
+            ("_prepare_inputs", ("scheduler_output", "num_scheduled_tokens")),
             (
                 "propose_draft_token_ids",
                 (
@@ -244,6 +244,8 @@ _SEAMS = (
             "drafter",
             "input_batch",
             "use_async_scheduling",
+            "speculative_config",
+            "model_config",
             "num_spec_tokens",
             "device",
             "_draft_probs",
@@ -403,19 +405,11 @@ _SEAMS = (
         ),
     ),
     Seam(
-        "v1.spec_decode_metadata",
-        "vllm.v1.spec_decode.metadata",
-        "SpecDecodeMetadata",
-        WITH_V1,
-        "read: whether any request verifies drafts in a step (idle_steps.plain_sampling)",
-        fields=("num_draft_tokens",),
-    ),
-    Seam(
         "sampling_metadata",
         "vllm.v1.sample.metadata",
         "SamplingMetadata",
         WITH_V1,
-        "read: whether a request wants logprobs (idle_steps.plain_sampling)",
+        "read: whether a request wants logprobs (idle_steps.plain_inputs)",
         fields=("max_num_logprobs",),
     ),
     Seam(
@@ -552,6 +546,22 @@ _BEHAVIOURS = (
         ),
         "under async scheduling spec_token_ids hold placeholders, shared between requests "
         "in 0.32 / 0.33: they are cut by slicing (a new list), never in place",
+    ),
+)
+_BEHAVIOURS += (
+    Behaviour(
+        "v1.prepare_inputs_reads_spec_once",
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner._prepare_inputs",
+        WITH_V1,
+        (
+            r"(?s)\A(?:(?!speculative_config).)*use_spec_decode = self\.speculative_config is "
+            r"not None(?:(?!speculative_config).)*\Z",
+            r"if not use_spec_decode:\n(?:.*\n)*?\s+spec_decode_metadata = None",
+        ),
+        "runner V1 builds a step's inputs as a plain engine does when its "
+        "speculative_config is None, and reads it nowhere else there, so a step without "
+        "drafts gets the plain inputs by hiding it for that call (idle_steps.plain_inputs)",
     ),
 )
 BEHAVIOURS: dict[str, Behaviour] = {b.name: b for b in _BEHAVIOURS}
