@@ -170,8 +170,7 @@ def main(path: str, target: str, drafter: str, mode: str) -> None:
                     kept.append(
                         {
                             r: [len(q.output_token_ids), list(q.spec_token_ids)]
-                            for r in ids
-                            if (q := sched.requests[r])
+                            for r, q in ((r, sched.requests[r]) for r in ids)
                         }
                     )
     for so in pending:

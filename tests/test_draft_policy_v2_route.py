@@ -17,11 +17,9 @@ from pathlib import Path
 
 import pytest
 from factory import make_drafter, make_target
+from scheduler_probe import CONTINUATION, MAX_TOKENS, K
 
 PROBE = Path(__file__).with_name("scheduler_probe.py")
-K = 4  # scheduler_probe.K
-MAX_TOKENS = 120  # scheduler_probe.MAX_TOKENS
-CONTINUATION = [60 + (7 * i) % 50 for i in range(MAX_TOKENS + K + 1)]  # scheduler_probe's
 
 
 @pytest.fixture(scope="module")

@@ -488,7 +488,8 @@ class Behaviour:
     why: str
 
 
-# The route of the draft policy's lengths on runner V2 (serving/draft_plan.py).
+# The route of the draft policy's lengths on runner V2 (serving/draft_plan.py), and
+# runner V1's plain inputs for steps without drafts.
 _BEHAVIOURS = (
     Behaviour(
         "v2.speculator_skips_query_at_zero",
@@ -547,8 +548,7 @@ _BEHAVIOURS = (
         "under async scheduling spec_token_ids hold placeholders, shared between requests "
         "in 0.32 / 0.33: they are cut by slicing (a new list), never in place",
     ),
-)
-_BEHAVIOURS += (
+    # idle_steps.plain_inputs (runner V1)
     Behaviour(
         "v1.prepare_inputs_reads_spec_once",
         "vllm.v1.worker.gpu_model_runner",
