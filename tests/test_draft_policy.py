@@ -20,7 +20,14 @@ def _cost(batch: int, drafting: int, verified: int) -> tuple[float, float]:
     return 0.0005 + 0.002 * drafting, 0.010 + 0.001 * batch + 0.0008 * verified
 
 
-def _simulate(policy: DraftPolicy, accept: dict[str, float], steps: int, seed: int = 0):
+def _cost_with_forward(batch: int, drafting: int, verified: int) -> tuple[float, float]:
+    """As ``_cost``, with a drafter forward whose fixed part (4 ms, paid once when anybody
+    drafts) outweighs what each drafting row adds (0.3 ms), as a small drafter's does."""
+    drafter = 0.0005 + (0.004 + 0.0003 * drafting if drafting else 0.0)
+    return drafter, 0.010 + 0.001 * batch + 0.0002 * verified
+
+
+def _simulate(policy: DraftPolicy, accept: dict[str, float], steps: int, seed: int = 0, cost=_cost):
     """Runs ``steps`` engine steps; ``accept[r]``: the chance each draft of r is accepted.
     Returns per request the lengths it verified, and the tokens per second of the run.
     A policy with a shared drafter (runner V2) pays the drafter for every request of the
@@ -45,17 +52,19 @@ def _simulate(policy: DraftPolicy, accept: dict[str, float], steps: int, seed: i
         drafting = sum(1 for n in decision.lengths.values() if n)
         if policy.shared_drafter and drafting:
             drafting = len(accept)
-        d, v = _cost(len(accept), drafting, total)
+        d, v = cost(len(accept), drafting, total)
         seconds += d + v
         policy.observe_step(len(accept), drafting, d, total, v)
         planned = {r: n for r, n in decision.lengths.items() if n}
     return verified_lengths, tokens / seconds
 
 
-def _fixed_rate(accept: dict[str, float], steps: int, shared: bool = False) -> float:
+def _fixed_rate(
+    accept: dict[str, float], steps: int, shared: bool = False, g: int = K, cost=_cost
+) -> float:
     policy = DraftPolicy(K, shared_drafter=shared)
-    policy.plan = lambda batch: type("D", (), {"lengths": {r: K for r, _ in batch}})()  # type: ignore[method-assign]
-    return _simulate(policy, accept, steps)[1]
+    policy.plan = lambda batch: type("D", (), {"lengths": {r: g for r, _ in batch}})()  # type: ignore[method-assign]
+    return _simulate(policy, accept, steps, cost=cost)[1]
 
 
 def _plain_rate(accept: dict[str, float]) -> float:
@@ -79,6 +88,38 @@ def test_never_accepted_drafts_cost_little_against_plain_decoding():
     _, rate = _simulate(DraftPolicy(K), accept, 600)
     assert rate >= 0.95 * _plain_rate(accept)
     assert _fixed_rate(accept, 600) < 0.7 * _plain_rate(accept)  # what fixed K costs here
+
+
+@pytest.mark.parametrize("acceptance", [0.5, 0.7, 0.9])
+def test_a_drafter_forwards_fixed_cost_is_paid_once_not_per_row(acceptance):
+    """Where most of a drafter forward's cost is fixed, drafting for more requests costs
+    little more than drafting for one: the policy must not charge that fixed part to each
+    drafting request (it would keep the drafting set small), and keeps up with the best
+    fixed draft length."""
+    accept = {f"r{i}": acceptance for i in range(16)}
+    _, rate = _simulate(DraftPolicy(K), accept, 1500, cost=_cost_with_forward)
+    best = max(_fixed_rate(accept, 1500, g=g, cost=_cost_with_forward) for g in range(1, K + 1))
+    assert rate >= 0.96 * best
+
+
+def test_a_cost_line_keeps_its_fixed_part_while_the_count_stays_put():
+    """Counts that vary tell the fixed part from the slope; once every step drafts for
+    the same number of requests they cannot, and the fixed part last told apart stays
+    (charging it per request instead would make the policy drop requests)."""
+    from vllm_dflash.adaptive.policy import _Line
+
+    line = _Line()
+    for i in range(200):
+        n = 16 if i % 4 else 2
+        line.add(n, 0.004 + 0.0003 * n, 0.97)
+    assert line.fixed == pytest.approx(0.004) and line.per == pytest.approx(0.0003)
+    for _ in range(400):  # everybody drafts: the count stays at 16
+        line.add(16, 0.004 + 0.0003 * 16, 0.97)
+    assert line.fixed == pytest.approx(0.004) and line.per == pytest.approx(0.0003)
+    fresh = _Line()  # never told apart: all of it per request
+    for _ in range(10):
+        fresh.add(16, 0.0088, 0.97)
+    assert fresh.fixed == 0.0 and fresh.per == pytest.approx(0.00055)
 
 
 def test_probes_verify_one_draft_and_share_their_steps():
@@ -196,9 +237,11 @@ def test_costs_count_the_engine_loop_outside_the_runner():
     c = p.costs[bucket(4)]
     assert c.plain_verify.samples == 4
     assert c.plain_verify.at(4) < 0.005 and c.plain_verify.at(4) > 0.004
-    # verified drafts bring their share of the outside work into the per-token cost
+    # verified drafts bring their share of the outside work into the cost of verifying
     observe_costs(p, [_timing(4, 4, 8, 0.003, 0.006)], 0.0115)  # 2.5 ms outside
-    assert p.costs[bucket(4)].per_token.at(4) > (0.006 - c.plain_verify.at(4)) / 8
+    costs = p.costs_at(4)
+    assert costs is not None
+    assert costs.fixed + 8 * costs.token > 0.006 - c.plain_verify.at(4)
 
 
 # ---- a shared drafter (runner V2): the whole batch drafts, or nobody does ------------------

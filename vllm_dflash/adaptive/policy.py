@@ -6,32 +6,36 @@ Each engine step, for the B requests that decode, the policy picks a step length
 request has draft length 0 for that step and decodes plainly. It maximises the tokens per
 second the step is expected to commit,
 
-    (B + sum over r in S of (tau_r(g) - 1)) / (T_plain(B) + |S| * (c_row(B) + g * c_tok(B)))
+    (B + sum over r in S of (tau_r(g) - 1))
+    / (T_plain(B) + [S not empty] * c_fixed(B) + |S| * (c_row(B) + g * c_tok(B)))
 
 * ``tau_r(g)``: the tokens request r commits per step at length g, from its *own*
   per-position acceptance (a short memory, ``policy_half_life`` verifies), shrunk towards
   the engine-wide estimate (a shorter memory still, ``ENGINE_HALF_LIFE`` verifies) while
   the request has little history. So one request whose drafts keep missing stops drafting
   while the others go on.
-* ``T_plain``, ``c_row``, ``c_tok``: measured, per batch-size bucket, from every decode
-  step: the model runner's time in the drafter (``serving/step_timing.py``) and the rest of
-  the engine loop (target forward, verification, scheduling, vLLM's bookkeeping, output
-  processing; ``serving/draft_plan.observe_costs``): the drafter's time when nobody drafts
-  (the context K/V write alone), the rest of a step that verifies nothing (a plain decode
-  step), and what each drafting request adds to the drafter's time and each verified draft
-  to the rest. Cost is modelled as linear in drafting requests and
-  verified drafts, which is what a CPU measures; on a GPU the line is the local slope at
-  the batch sizes it serves. A bucket without measurements yet runs plain probe steps (S
-  empty) on every other step until it has them, and refreshes one every
-  ``policy_refresh_every`` steps.
+* ``T_plain``, ``c_fixed``, ``c_row``, ``c_tok``: measured from every decode step: the
+  model runner's time in the drafter (``serving/step_timing.py``) and the rest of the
+  engine loop (target forward, verification, scheduling, vLLM's bookkeeping, output
+  processing; ``serving/draft_plan.observe_costs``). Per batch-size bucket: the drafter's
+  time when nobody drafts (the context K/V write alone), the rest of a step that verifies
+  nothing (a plain decode step), and what verifying adds to the rest, a line in the
+  verified drafts. Over every batch size: what drafting adds to the drafter's time, a
+  line in the drafting requests. Each line has a fixed part, paid once by a step in which
+  anybody drafts (the drafter forward's own; the spec-decode inputs and the rejection
+  sampler), and a part per request or draft. On a GPU the line is the local slope at the
+  counts it serves. A bucket without
+  measurements yet runs plain probe steps (S empty) on every other step until it has
+  them, and refreshes one every ``policy_refresh_every`` steps.
 
-S is found greedily: requests in order of tau_r(g) - 1, each added while its extra tokens
-per extra second beat the step's rate so far. A request outside S is *probed*: after
-``policy_first_probe`` steps without drafting it verifies one draft, and the wait doubles
-after each probe that did not put it back into S, up to ``policy_max_probe``. One draft is
-the cheapest test that can say yes (a miss at the first position hides the others
-anyway), and a request probes only on engine steps that are a multiple of its wait, so
-that the requests due share one drafter forward instead of paying one each. A probe that
+For each g, the best S of each size is the requests with the largest tau_r(g) - 1, so the
+policy scans those prefixes, the fixed part paid once by all of them. A request outside S
+is *probed*: after ``policy_first_probe`` steps without drafting it verifies one draft,
+and the wait doubles after each probe that did not put it back into S, up to
+``policy_max_probe``. One draft is the cheapest test that can say yes (a miss at the first
+position hides the others anyway), and a request probes only on engine steps that are a
+multiple of its wait, so that the requests due share one drafter forward instead of
+paying one each. A probe that
 lands clears the request's own history: the misses that stopped it are no longer what it
 gets. A new request's first wait is the engine's, due at its next multiple: it doubles
 with every probe that misses and falls back to ``policy_first_probe`` when one lands, so
@@ -111,6 +115,9 @@ PROBE_DRAFTS = 1  # drafts a probe verifies
 # so a long memory would keep new requests drafting on the old traffic's acceptance.
 ENGINE_HALF_LIFE = 64
 PLAIN_SAMPLES = 2  # plain-step measurements a bucket needs before it trusts its costs
+# The variance of the counts above which a cost line tells its fixed part from its slope:
+# one step in eight at another count of 1 (1 and 2 can never spread further than 0.25).
+SPREAD = 0.1
 
 
 @dataclass
@@ -140,24 +147,63 @@ class RequestState:
 
 
 @dataclass
+class _Line:
+    """What a step adds, in seconds, against a count (drafting requests, verified drafts):
+    ``fixed`` (paid once when the count is above 0) + ``per`` * count, by exponentially
+    weighted least squares. Counts that stay at about one value cannot tell the two apart:
+    the last fixed part that could be told apart is kept, none at first, and ``per`` fits
+    the rest. Without the fixed part, a drafter forward's fixed cost measured while few
+    requests draft would be charged to each of them, and the drafting set would stay small."""
+
+    fit: _Fit = field(default_factory=_Fit)
+    fixed: float = 0.0
+    per: float = 0.0
+
+    @property
+    def samples(self) -> int:
+        return self.fit.samples
+
+    def add(self, count: int, seconds: float, keep: float) -> None:
+        f = self.fit
+        f.add(count, seconds, keep)
+        mx, my = f.b / f.w, f.t / f.w
+        var = f.bb / f.w - mx * mx
+        if var >= SPREAD:
+            per = (f.bt / f.w - mx * my) / var
+            if per < 0.0:  # never cheaper with more: all fixed
+                self.fixed, self.per = my, 0.0
+            elif my - per * mx < 0.0:  # no negative fixed part: a line through 0
+                self.fixed, self.per = 0.0, f.bt / f.bb
+            else:
+                self.fixed, self.per = my - per * mx, per
+        else:
+            self.fixed = min(self.fixed, my)
+            self.per = (my - self.fixed) / mx
+
+
+@dataclass
 class BucketCosts:
-    """Step costs at one batch-size bucket (seconds; see the module docstring)."""
+    """Step costs at one batch-size bucket (seconds): a plain step's against batch size,
+    and what verifying adds against the verified drafts. The latter is per bucket: the
+    target computes the drafts beside the batch's own tokens, and the cost of a token
+    more grows with the tokens already in the forward (on a CPU, where small forwards
+    are bound by reading the weights)."""
 
     plain_draft: _Fit = field(default_factory=_Fit)
     plain_verify: _Fit = field(default_factory=_Fit)
-    per_row: _Fit = field(default_factory=_Fit)
-    per_token: _Fit = field(default_factory=_Fit)
+    verifying: _Line = field(default_factory=_Line)
 
     def complete(self) -> bool:
         return (
             min(self.plain_draft.samples, self.plain_verify.samples) >= PLAIN_SAMPLES
-            and min(self.per_row.samples, self.per_token.samples) > 0
+            and self.verifying.samples > 0
         )
 
 
 @dataclass(frozen=True)
 class Costs:
     plain: float  # a step in which nobody drafts or verifies
+    fixed: float  # added once by a step in which anybody drafts (and verifies)
     row: float  # added by each drafting request
     token: float  # added by each verified draft
 
@@ -187,6 +233,10 @@ class DraftPolicy:
         self.engine = AcceptanceEstimate(k_max, half_life=ENGINE_HALF_LIFE)
         self.requests: dict[str, RequestState] = {}
         self.costs: dict[int, BucketCosts] = {}
+        # What drafting adds to the drafter's time, against the drafting requests: one
+        # line for every batch size, since the drafter computes the drafting requests'
+        # blocks only, and counts differ more across batch sizes than within one.
+        self.drafting = _Line()
         self.step = 0
         self.plain_attempts: dict[int, int] = {}
         self.probe_wait = self.s.policy_first_probe  # a new request's first wait
@@ -283,7 +333,11 @@ class DraftPolicy:
 
         def rate(g: int) -> float:
             drafts = base_drafts + g * len(free)
-            t = costs.plain + drafts * costs.token + (b * costs.row if drafts else 0.0)
+            t = (
+                costs.plain
+                + drafts * costs.token
+                + (costs.fixed + b * costs.row if drafts else 0.0)
+            )
             return (base_n + sum(tau[g] - 1.0 for tau in taus)) / t
 
         best_g, best_rate = 0, rate(0)
@@ -338,24 +392,28 @@ class DraftPolicy:
         costs: Costs,
         b: int,
     ) -> tuple[int, list[str]]:
-        """The step length and drafting set that maximise the expected commit rate."""
+        """The step length and drafting set that maximise the expected commit rate: for
+        each length, the best set of each size is the requests that gain most, and the
+        drafter's fixed cost is paid once (already, where a seeded request drafts)."""
         prior = self.engine.conditional()
         taus = {rid: states[rid].tau(prior, PRIOR_WEIGHT) for rid in free}
-        base_n, base_t = float(b), costs.plain
+        base_n, base_t, prepaid = float(b), costs.plain, False
         for rid, g in fixed.items():  # seeded requests: their lengths are given
             if g:
                 base_n += states[rid].tau(prior, PRIOR_WEIGHT)[g] - 1.0
                 base_t += costs.row + g * costs.token
+                prepaid = True
+        if prepaid:
+            base_t += costs.fixed
         best_rate, best_g, best_n = base_n / base_t, 0, 0
         for g in range(1, self.k + 1):
             cost = costs.row + g * costs.token
-            n, t, m = base_n, base_t, 0
-            for gain in sorted((tau[g] - 1.0 for tau in taus.values()), reverse=True):
-                if gain * t <= n * cost:  # adding it would lower the rate
-                    break
-                n, t, m = n + gain, t + cost, m + 1
-            if n / t > best_rate * (1.0 + 1e-9):
-                best_rate, best_g, best_n = n / t, g, m
+            n, t = base_n, base_t + (0.0 if prepaid else costs.fixed)
+            gains = sorted((tau[g] - 1.0 for tau in taus.values()), reverse=True)
+            for m, gain in enumerate(gains, 1):
+                n, t = n + gain, t + cost
+                if n / t > best_rate * (1.0 + 1e-9):
+                    best_rate, best_g, best_n = n / t, g, m
         if best_g == 0:
             return self.k, []
         ranked = sorted(free, key=lambda rid: taus[rid][best_g], reverse=True)
@@ -366,12 +424,13 @@ class DraftPolicy:
         complete bucket's (in log batch size), else None."""
         own = bucket(b)
         done = [k for k, c in self.costs.items() if c.complete()]
-        if not done:
+        if not done or not self.drafting.samples:
             return None
         pick = own if own in done else min(done, key=lambda k: (abs(math.log(k / own)), k))
         c = self.costs[pick]
         plain = c.plain_draft.at(b) + c.plain_verify.at(b)
-        return Costs(plain, max(c.per_row.at(b), 0.0), max(c.per_token.at(b), 0.0))
+        d, v = self.drafting, c.verifying
+        return Costs(plain, d.fixed + v.fixed, d.per, v.per)
 
     # ---- observations -------------------------------------------------------------------
     def observe_verify(self, rid: str, drafted: int, accepted: int) -> None:
@@ -404,13 +463,11 @@ class DraftPolicy:
         if drafting == 0:
             c.plain_draft.add(batch, drafter_s, keep)
         elif c.plain_draft.samples:
-            extra = (drafter_s - c.plain_draft.at(batch)) / drafting
-            c.per_row.add(batch, max(extra, 0.0), keep)
+            self.drafting.add(drafting, max(drafter_s - c.plain_draft.at(batch), 0.0), keep)
         if verified == 0:
             c.plain_verify.add(batch, verify_s, keep)
         elif c.plain_verify.samples:
-            extra = (verify_s - c.plain_verify.at(batch)) / verified
-            c.per_token.add(batch, max(extra, 0.0), keep)
+            c.verifying.add(verified, max(verify_s - c.plain_verify.at(batch), 0.0), keep)
 
     def finished(self, request_ids: set[str]) -> None:
         for rid in request_ids:

@@ -2,7 +2,8 @@
 machinery behind ``vllm-dflash bench`` (``bench/run.py``) and ``vllm-dflash demo``.
 
 Each backend is a real vLLM engine in its own process (the plugin switch is per process).
-Greedy requests, the same prompts for every backend, a warm-up pass excluded. All engines
+Greedy requests, the same prompts for every backend, a warm-up pass at each concurrency
+of the run excluded (where a server is after its first seconds at that load). All engines
 are started first; then each round times one pass of every backend back to back
 (alternating the order). tok/s is the best of the passes; the ratios ("vs none",
 "vs built-in") are medians over rounds of the ratio within a round; TTFT and TPOT
@@ -117,6 +118,7 @@ class Engine:
             "speculative_config": spec,
             "prompts": prompts,
             "max_tokens": args.max_tokens,
+            "warmup": sorted(set(getattr(args, "concurrency", [2]))),
             # One process runs engine core and model: an idle engine then blocks instead of
             # polling, and does not steal CPU from the backend being timed. Tensor
             # parallelism needs a worker process per rank (vLLM's multiprocessing executor).

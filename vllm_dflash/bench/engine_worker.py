@@ -175,7 +175,11 @@ def main(path: str) -> None:
     )
     prompts, max_tokens = req["prompts"], req["max_tokens"]
     drafter = DrafterTimes(llm)
-    _timed_pass(llm, prompts[:8], 2, max_tokens)  # warm-up, excluded
+    # Warm-up, excluded: a pass at each concurrency the run times, so that every engine
+    # starts its timed passes where a server is after its first seconds at that load
+    # (the draft policy has measured the step costs of those batch sizes).
+    for c in req.get("warmup", [2]):
+        _timed_pass(llm, prompts[: max(8, 2 * c)], c, max_tokens)
     results.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         cmd = json.loads(line)
