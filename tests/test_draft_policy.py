@@ -27,6 +27,13 @@ def _cost_with_forward(batch: int, drafting: int, verified: int) -> tuple[float,
     return drafter, 0.010 + 0.001 * batch + 0.0002 * verified
 
 
+def _cost_one(batch: int, drafting: int, verified: int) -> tuple[float, float]:
+    """A small batch's step: plain 5 ms + 0.3 ms per request; a drafter forward 2 ms +
+    0.4 ms per drafting request; verifying 0.4 ms + 0.08 ms per draft."""
+    drafter = 0.00003 + (0.002 + 0.0004 * drafting if drafting else 0.0)
+    return drafter, 0.005 + 0.0003 * batch + (0.0004 + 0.00008 * verified if verified else 0.0)
+
+
 def _simulate(policy: DraftPolicy, accept: dict[str, float], steps: int, seed: int = 0, cost=_cost):
     """Runs ``steps`` engine steps; ``accept[r]``: the chance each draft of r is accepted.
     Returns per request the lengths it verified, and the tokens per second of the run.
@@ -102,6 +109,79 @@ def test_a_drafter_forwards_fixed_cost_is_paid_once_not_per_row(acceptance):
     assert rate >= 0.96 * best
 
 
+def test_a_request_whose_drafts_land_half_the_time_keeps_drafting_where_that_pays():
+    """At acceptance 0.5 one request gains from drafting (the best fixed length, 5, is
+    1.2x plain decoding here), but runs of misses are common. A memory of 8 verifies
+    stopped it after such runs, idle until probes brought it back: 0.95x the best fixed
+    length; 24 verifies: 0.99x."""
+    accept = {"r": 0.5}
+    _, rate = _simulate(DraftPolicy(K), accept, 3000, cost=_cost_one)
+    best = max(_fixed_rate(accept, 3000, g=g, cost=_cost_one) for g in range(1, K + 1))
+    assert rate >= 0.975 * best
+
+
+def test_probes_that_land_do_not_keep_a_request_probing_where_drafting_does_not_pay():
+    """16 requests whose drafts land 60 % of the time, where no length pays: their probes
+    land often, and a landed probe used to reset the wait to the first one, so every
+    request probed every few steps (0.94x plain decoding). The wait now falls back only
+    when the request is back among those that draft."""
+    accept = {f"r{i}": 0.6 for i in range(16)}
+    lengths, rate = _simulate(DraftPolicy(K), accept, 1500)
+    assert rate >= 0.97 * _plain_rate(accept)
+    late = lengths["r0"][300:]
+    assert sum(1 for n in late if n) <= len(late) / 32, late  # probes at the longest wait
+
+
+def test_the_chosen_length_and_set_are_the_best_of_every_subset():
+    """The plan scans, per length, the prefixes of the requests ranked by gain, and skips
+    the scan where no gain can pay; against every subset of six requests at every length,
+    on random histories and costs, it finds the best rate."""
+    from itertools import combinations
+
+    from vllm_dflash.adaptive.policy import PRIOR_WEIGHT, Costs, RequestState
+
+    rng = random.Random(3)
+    for case in range(300):
+        policy = DraftPolicy(K)
+        for _ in range(rng.randrange(0, 40)):
+            drafted = rng.randrange(1, K + 1)
+            policy.engine.observe(drafted, rng.randrange(0, drafted + 1))
+        states = {}
+        for i in range(6):
+            st = RequestState(False, [0.0] * K, [0.0] * K)
+            a = rng.choice([0.0, 0.05, 0.3, 0.6, 0.9, 1.0])
+            for _ in range(rng.randrange(0, 30)):
+                accepted = 0
+                while accepted < K and rng.random() < a:
+                    accepted += 1
+                st.observe(K, accepted, policy.keep)
+            states[f"r{i}"] = st
+        costs = Costs(
+            plain=rng.uniform(0.005, 0.03),
+            fixed=rng.choice([0.0, rng.uniform(0.0, 0.01)]),
+            row=rng.uniform(0.0, 0.004),
+            token=rng.uniform(0.0, 0.001),
+        )
+        free, b = list(states), 6
+        prior = policy.engine.conditional()
+        taus = {r: st.tau(prior, PRIOR_WEIGHT) for r, st in states.items()}
+
+        def rate(g: int, chosen, taus=taus, costs=costs, b=b) -> float:
+            if not chosen:
+                return b / costs.plain
+            extra = costs.fixed + len(chosen) * (costs.row + g * costs.token)
+            return (b + sum(taus[r][g] - 1.0 for r in chosen)) / (costs.plain + extra)
+
+        best = max(
+            rate(g, chosen)
+            for g in range(1, K + 1)
+            for m in range(len(free) + 1)
+            for chosen in combinations(free, m)
+        )
+        g, chosen = policy._choose(free, {}, states, costs, b)
+        assert rate(g, chosen) == pytest.approx(best, rel=1e-6), case
+
+
 def test_a_cost_line_keeps_its_fixed_part_while_the_count_stays_put():
     """Counts that vary tell the fixed part from the slope; once every step drafts for
     the same number of requests they cannot, and the fixed part last told apart stays
@@ -145,7 +225,7 @@ def test_probes_verify_one_draft_and_share_their_steps():
 
 def test_new_requests_wait_as_long_as_the_engine_learned_to():
     """Where probes keep missing, a new request's first probe waits the engine's longer
-    wait; once one lands, new requests probe early again."""
+    wait; once probes bring requests back to drafting, new requests probe early again."""
     policy = DraftPolicy(K)
     _simulate(policy, {f"w{i}": 0.0 for i in range(4)}, 300)
     assert policy.probe_wait == policy.s.policy_max_probe

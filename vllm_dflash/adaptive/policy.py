@@ -10,8 +10,9 @@ second the step is expected to commit,
     / (T_plain(B) + [S not empty] * c_fixed(B) + |S| * (c_row(B) + g * c_tok(B)))
 
 * ``tau_r(g)``: the tokens request r commits per step at length g, from its *own*
-  per-position acceptance (a short memory, ``policy_half_life`` verifies), shrunk towards
-  the engine-wide estimate (a shorter memory still, ``ENGINE_HALF_LIFE`` verifies) while
+  per-position acceptance (a memory of ``policy_half_life`` verifies), shrunk towards
+  the engine-wide estimate (``ENGINE_HALF_LIFE`` verifies, and as many engine steps, so
+  that where few requests verify, the probes' recent outcomes are the estimate) while
   the request has little history. So one request whose drafts keep missing stops drafting
   while the others go on.
 * ``T_plain``, ``c_fixed``, ``c_row``, ``c_tok``: measured from every decode step: the
@@ -37,9 +38,11 @@ position hides the others anyway), and a request probes only on engine steps tha
 multiple of its wait, so that the requests due share one drafter forward instead of
 paying one each. A probe that
 lands clears the request's own history: the misses that stopped it are no longer what it
-gets. A new request's first wait is the engine's, due at its next multiple: it doubles
-with every probe that misses and falls back to ``policy_first_probe`` when one lands, so
-where no drafts land at all, new requests do not each pay for the same lesson, and
+gets. Its wait falls back to ``policy_first_probe`` only when it is back in S: where
+drafts land too rarely to pay, probes land now and then, and must not keep it probing
+often. A new request's first wait is the engine's, due at its next multiple: it doubles
+with every probe and falls back to ``policy_first_probe`` when a request is back in S,
+so where no drafts land at all, new requests do not each pay for the same lesson, and
 requests shorter than the wait still probe.
 
 Requests that sample with a ``seed`` follow a rule of their own history only (they draft
@@ -97,7 +100,7 @@ class PolicySettings(EnvSettings):
         64, ge=1, description="the longest wait, in steps, between two probes of a request"
     )
     policy_half_life: int = Field(
-        8, ge=1, description="verifies after which a request's own acceptance weighs 1/2"
+        24, ge=1, description="verifies after which a request's own acceptance weighs 1/2"
     )
     policy_refresh_every: int = Field(
         64, ge=2, description="steps between plain steps that refresh the measured costs"
@@ -246,6 +249,9 @@ class DraftPolicy:
         """Draft lengths for the requests ``batch`` [(request id, seeded)] that decode in
         this step; they draft now and verify these lengths in the next step."""
         self.step += 1
+        # Where drafting stopped, probes are the only verifies: forgetting per verify
+        # alone would keep the traffic before as their prior long after it changed.
+        self.engine.forget(self.engine.keep)
         states = {rid: self._state(rid, seeded) for rid, seeded in batch}
         lengths = {rid: self._seeded_length(st) for rid, st in states.items() if st.seeded}
         free = [rid for rid, st in states.items() if not st.seeded]
@@ -272,6 +278,8 @@ class DraftPolicy:
                 st.wait = min(2 * st.wait, self.s.policy_max_probe)
                 st.probing = True
             elif not st.seeded and rid in chosen:
+                if st.idle:  # back in S: drafting pays again, new requests probe soon
+                    self.probe_wait = self.s.policy_first_probe
                 st.wait = self.s.policy_first_probe
                 st.probing = False
             st.idle = 0 if lengths[rid] else st.idle + 1
@@ -406,6 +414,12 @@ class DraftPolicy:
         if prepaid:
             base_t += costs.fixed
         best_rate, best_g, best_n = base_n / base_t, 0, 0
+        # Nothing can beat drafting nobody if every gain there is, at the least a drafting
+        # step can cost, does not (tau grows with g): the common step where drafts miss.
+        most = base_n + sum(tau[self.k] - 1.0 for tau in taus.values())
+        least = base_t + (0.0 if prepaid else costs.fixed) + costs.row + costs.token
+        if most / least <= best_rate * (1.0 + 1e-9):
+            return self.k, []
         for g in range(1, self.k + 1):
             cost = costs.row + g * costs.token
             n, t = base_n, base_t + (0.0 if prepaid else costs.fixed)
@@ -443,10 +457,11 @@ class DraftPolicy:
             return
         if st.probing and accepted:
             # A probe landed: the misses that stopped the request are no longer what it
-            # gets, so it starts afresh from the engine-wide estimate and probes soon again.
+            # gets, so it starts afresh from the engine-wide estimate. Its wait stays
+            # doubled until that puts it back into S (``plan``): where drafts land too
+            # rarely to pay, probes that land now and then must not keep it probing often.
             st.trials, st.hits = [0.0] * self.k, [0.0] * self.k
-            st.wait = self.probe_wait = self.s.policy_first_probe
-        elif st.probing and not self.shared_drafter:  # shared: doubled once per probe step
+        if st.probing and not self.shared_drafter:  # shared: doubled once per probe step
             self.probe_wait = min(2 * self.probe_wait, self.s.policy_max_probe)
         st.probing = False
         st.observe(drafted, accepted, self.keep)

@@ -9,7 +9,8 @@ plain engine puts vLLM back as it was, and the plugin loads once per process). W
 (``serving/bench_drafts.py``), our engine's own greedy continuations (K + 1 tokens longer;
 greedy speculation is lossless, so they are the target's) are the oracle: ``always``
 profiles the step at the acceptance ceiling tau = K + 1. For each concurrency, each engine
-runs the held-out prompts, greedy, concurrency held constant (``engine_worker._timed_pass``):
+runs the held-out prompts, greedy, concurrency held constant (``engine_worker._timed_pass``),
+after a warm-up pass at that concurrency:
 
 1. *wall*: every stage is wrapped in a ``perf_counter`` pair; µs per engine step, and per
    committed token.
@@ -161,9 +162,11 @@ def _passes(llm: Any, prompts, concurrencies, max_tokens: int, ops: bool) -> lis
 
     timer = StageTimer()
     _install(llm, timer)
-    _timed_pass(llm, prompts[:4], 2, max_tokens)  # warm-up
     out = []
     for c in concurrencies:
+        # Warm-up at this concurrency, as the bench's: the draft policy measures the costs
+        # of a batch size it has not seen, which a server pays once, in its first seconds.
+        _timed_pass(llm, prompts[: 2 * c], c, max_tokens)
         timer.reset()
         run = _timed_pass(llm, prompts, c, max_tokens)
         steps = max(timer.calls[TOP], 1)
