@@ -84,10 +84,11 @@ class AcceptanceEstimate:
             self.trials[k] = self.trials[k] * self.keep + 1.0
             self.hits[k] = self.hits[k] * self.keep + (1.0 if k < accepted else 0.0)
 
-    def forget(self, keep: float) -> None:
-        """Forgetting with time rather than with verifies: every count weighs ``keep``."""
-        self.trials = [t * keep for t in self.trials]
-        self.hits = [h * keep for h in self.hits]
+    def forget(self) -> None:
+        """One step of forgetting with time rather than with verifies: every count weighs
+        what one verify's decay leaves of it."""
+        self.trials = [t * self.keep for t in self.trials]
+        self.hits = [h * self.keep for h in self.hits]
 
     def conditional(self) -> list[float]:
         """a_k, with one pseudo-trial of the previous position's estimate as prior, so a

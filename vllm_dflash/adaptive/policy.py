@@ -251,7 +251,7 @@ class DraftPolicy:
         self.step += 1
         # Where drafting stopped, probes are the only verifies: forgetting per verify
         # alone would keep the traffic before as their prior long after it changed.
-        self.engine.forget(self.engine.keep)
+        self.engine.forget()
         states = {rid: self._state(rid, seeded) for rid, seeded in batch}
         lengths = {rid: self._seeded_length(st) for rid, st in states.items() if st.seeded}
         free = [rid for rid, st in states.items() if not st.seeded]
@@ -414,15 +414,15 @@ class DraftPolicy:
         if prepaid:
             base_t += costs.fixed
         best_rate, best_g, best_n = base_n / base_t, 0, 0
+        drafting_t = base_t + (0.0 if prepaid else costs.fixed)  # before any row's cost
         # Nothing can beat drafting nobody if every gain there is, at the least a drafting
         # step can cost, does not (tau grows with g): the common step where drafts miss.
         most = base_n + sum(tau[self.k] - 1.0 for tau in taus.values())
-        least = base_t + (0.0 if prepaid else costs.fixed) + costs.row + costs.token
-        if most / least <= best_rate * (1.0 + 1e-9):
+        if most / (drafting_t + costs.row + costs.token) <= best_rate * (1.0 + 1e-9):
             return self.k, []
         for g in range(1, self.k + 1):
             cost = costs.row + g * costs.token
-            n, t = base_n, base_t + (0.0 if prepaid else costs.fixed)
+            n, t = base_n, drafting_t
             gains = sorted((tau[g] - 1.0 for tau in taus.values()), reverse=True)
             for m, gain in enumerate(gains, 1):
                 n, t = n + gain, t + cost
